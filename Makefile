@@ -1,0 +1,36 @@
+# kvsim: `make run` sets everything up and runs the quickstart; `make test` runs the suite.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check -q
+KVSIM := $(VENV)/bin/kvsim
+
+.PHONY: run test lint bench notebooks clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -e .
+	touch $@
+
+# torch is pinned to the CPU build on this machine's disk first, so the `gpu`
+# extra's range is already satisfied and no multi-GB CUDA build is pulled.
+$(VENV)/.dev: $(VENV)/.installed
+	$(PIP) install torch==2.13.0
+	$(PIP) install -e '.[dev,gpu]'
+	touch $@
+
+run: $(VENV)/.installed
+	$(KVSIM) run configs/quickstart.yaml --run quickstart
+
+test: $(VENV)/.dev
+	$(VENV)/bin/ruff check .
+	TRITON_INTERPRET=1 $(PY) -m pytest
+
+lint: $(VENV)/.dev
+	$(VENV)/bin/ruff check .
+
+bench: $(VENV)/.installed
+	$(PY) -m benchmarks.run
+
+clean:
+	rm -rf $(VENV) results .pytest_cache

@@ -1,0 +1,99 @@
+"""A pool of equal KV blocks with reference counts: the heart of paged allocation.
+
+The pool knows nothing about sequences: it hands out block numbers, counts how
+many holders each block has, and takes a block back when its last holder lets
+go. Both the simulator's paged allocator and ``gpu_validation``'s GPU block pool
+drive their memory through this one class, so the GPU measurements exercise the
+very bookkeeping the simulator models.
+"""
+
+from __future__ import annotations
+
+
+class OutOfBlocks(RuntimeError):
+    """Raised when a block is requested and the pool has none free."""
+
+
+class BlockPool:
+    """``num_blocks`` blocks of ``block_size`` token slots each.
+
+    Free blocks sit on a LIFO free list (the most recently freed block is reused
+    first, as a real engine's free list does, which keeps hot blocks hot).
+    ``refcount[b]`` is the number of holders of block ``b``; a block is free
+    exactly when its refcount is 0.
+    """
+
+    __slots__ = ("num_blocks", "block_size", "_free", "_refcount")
+
+    def __init__(self, num_blocks: int, block_size: int):
+        if num_blocks < 0:
+            raise ValueError(f"num_blocks must be >= 0, got {num_blocks}")
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self._free: list[int] = list(range(num_blocks - 1, -1, -1))
+        self._refcount: list[int] = [0] * num_blocks
+
+    # --- queries -----------------------------------------------------------
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - len(self._free)
+
+    def refcount(self, block: int) -> int:
+        return self._refcount[block]
+
+    # --- mutations ---------------------------------------------------------
+    def allocate(self) -> int:
+        """Take one free block; its refcount becomes 1."""
+        if not self._free:
+            raise OutOfBlocks(f"all {self.num_blocks} blocks are in use")
+        block = self._free.pop()
+        self._refcount[block] = 1
+        return block
+
+    def allocate_many(self, count: int) -> list[int]:
+        """Take ``count`` blocks at once, or none if fewer are free."""
+        if count > len(self._free):
+            raise OutOfBlocks(f"asked for {count} blocks, {len(self._free)} free")
+        free = self._free
+        taken = free[len(free) - count :]
+        del free[len(free) - count :]
+        rc = self._refcount
+        for b in taken:
+            rc[b] = 1
+        taken.reverse()
+        return taken
+
+    def share(self, block: int) -> None:
+        """Add a holder to a block that is in use (a fork or a prefix hit)."""
+        if self._refcount[block] <= 0:
+            raise ValueError(f"block {block} is free and cannot be shared")
+        self._refcount[block] += 1
+
+    def release(self, block: int) -> bool:
+        """Drop one holder; return True when that was the last and the block is free again."""
+        rc = self._refcount[block] - 1
+        if rc < 0:
+            raise ValueError(f"block {block} released more often than held")
+        self._refcount[block] = rc
+        if rc == 0:
+            self._free.append(block)
+            return True
+        return False
+
+    # --- invariants ----------------------------------------------------------
+    def check(self) -> None:
+        """Raise AssertionError if the pool's books do not balance."""
+        free = self._free
+        assert len(set(free)) == len(free), "a block is on the free list twice"
+        assert all(0 <= b < self.num_blocks for b in free), "free list holds a foreign block"
+        for b in free:
+            assert self._refcount[b] == 0, f"block {b} is free but has refcount {self._refcount[b]}"
+        used = sum(1 for r in self._refcount if r > 0)
+        assert all(r >= 0 for r in self._refcount), "negative refcount"
+        assert used + len(free) == self.num_blocks, "blocks are not conserved"

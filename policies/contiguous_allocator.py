@@ -1,0 +1,340 @@
+"""Contiguous KV allocation: one reserved region per sequence (Orca, FasterTransformer).
+
+Every sequence owns one contiguous region of a ``SlotSpace``, sized by a
+reservation policy when the sequence is admitted. The region cannot grow in
+place (its neighbours may be taken, and moving a region's KV would be a copy
+the paper's baselines do not make), so ``try_append`` fails once a sequence has
+filled its region. Nothing is shared: each sample or beam of a group gets its
+own region holding its own copy of the prompt, and ``fork`` copies.
+
+Memory classes (all in slots, summing to ``capacity``), per live region of
+``region`` slots holding ``kv_len`` tokens of a sequence that will end at
+``final_len`` tokens, with ``target = max(kv_len, min(final_len, region))``:
+``token_states = kv_len``, ``reserved = target - kv_len`` (future tokens of its
+own), ``internal_frag = region - target`` (over-reservation, including buddy
+rounding); ``free`` is the space's free slots. ``target`` rises with
+``kv_len`` only if a sequence outgrows the ``final_len`` it was admitted with.
+Running totals keep ``usage()`` and ``try_append`` O(1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from policies.kv_allocator import Admission, KVAllocator, MemoryUsage, SwapResult
+from policies.reservation import RESERVATION_POLICIES, reservation_slots
+from policies.slot_space import SlotSpace, make_slot_space
+
+
+class OutOfSlots(RuntimeError):
+    """No hole fits a region the caller asked for (it skipped or ignored a check)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ContiguousPreset:
+    """A named baseline: placement + reservation, and whether it batches per request.
+
+    ``request_level_batching`` is read by the scheduler (a batch runs to
+    completion before the next is formed); the allocator ignores it.
+    """
+
+    placement: str
+    reservation: str
+    request_level_batching: bool = False
+
+
+#: The vLLM paper's contiguous baselines (section 6.1). Orca uses a buddy
+#: allocator. FasterTransformer preallocates a [batch, max_seq_len] buffer:
+#: equal max-length slots, which first fit over equal-size regions reproduces
+#: exactly (every region starts at a multiple of max_seq_len).
+CONTIGUOUS_PRESETS: dict[str, ContiguousPreset] = {
+    "orca-max": ContiguousPreset("buddy", "max"),
+    "orca-pow2": ContiguousPreset("buddy", "pow2"),
+    "orca-oracle": ContiguousPreset("buddy", "oracle"),
+    "fastertransformer": ContiguousPreset("first_fit", "max", request_level_batching=True),
+}
+
+
+def contiguous_preset(name: str) -> ContiguousPreset:
+    """Look up a preset by name, with a one-line error listing the allowed names."""
+    try:
+        return CONTIGUOUS_PRESETS[name]
+    except KeyError:
+        allowed = ", ".join(CONTIGUOUS_PRESETS)
+        raise ValueError(f"unknown contiguous preset {name!r}; allowed: {allowed}") from None
+
+
+class ContiguousAllocator(KVAllocator):
+    """``capacity`` token slots; each sequence holds one region sized by ``reservation``.
+
+    ``placement``: ``buddy``, ``buddy_exact``, ``first_fit`` or ``best_fit``
+    (see ``policies.slot_space``). ``max_seq_len``: the model's maximum
+    sequence length in tokens. ``swap_capacity_slots``: CPU swap space in token
+    slots; a swapped-out sequence takes exactly its ``kv_len`` slots there (its
+    reservation is dropped and made again on swap-in).
+    """
+
+    block_size = 1
+    shares_memory = False
+
+    def __init__(
+        self,
+        capacity: int,
+        placement: str,
+        reservation: str,
+        max_seq_len: int,
+        swap_capacity_slots: int = 0,
+    ):
+        if reservation not in RESERVATION_POLICIES:
+            allowed = ", ".join(RESERVATION_POLICIES)
+            raise ValueError(f"unknown reservation policy {reservation!r}; allowed: {allowed}")
+        if max_seq_len < 1:
+            raise ValueError(f"max_seq_len must be >= 1 token, got {max_seq_len}")
+        if swap_capacity_slots < 0:
+            raise ValueError(f"swap_capacity_slots must be >= 0, got {swap_capacity_slots}")
+        self.capacity = capacity
+        self.placement = placement
+        self.reservation = reservation
+        self.max_seq_len = max_seq_len
+        self.swap_capacity_slots = swap_capacity_slots
+        self._space: SlotSpace = make_slot_space(placement, capacity)
+        # running sequences: seq_id -> ...
+        self._offset: dict[int, int] = {}  # region offset
+        self._limit: dict[int, int] = {}  # region size: kv_len may grow up to it
+        self._kv: dict[int, int] = {}  # tokens stored
+        self._target: dict[int, int] = {}  # max(kv_len, min(final_len, region))
+        self._final: dict[int, int] = {}  # final_len it was admitted with
+        self._reserve: dict[int, int] = {}  # slots asked of the space (before rounding)
+        # swapped-out sequences: seq_id -> (kv_len, final_len, reservation)
+        self._swapped: dict[int, tuple[int, int, int]] = {}
+        self._cpu_used = 0  # swap slots in use
+        self._token_states = 0  # sum of kv_len over running sequences
+        self._target_sum = 0  # sum of target over running sequences
+
+    @classmethod
+    def from_preset(
+        cls, name: str, capacity: int, max_seq_len: int, swap_capacity_slots: int = 0
+    ) -> ContiguousAllocator:
+        preset = contiguous_preset(name)
+        return cls(capacity, preset.placement, preset.reservation, max_seq_len, swap_capacity_slots)
+
+    # --- placement helpers -------------------------------------------------------------
+    def _admission(self, sizes: Sequence[int], watermark_slots: int) -> Admission:
+        """Classify placing regions of ``sizes`` now, keeping ``watermark_slots`` free.
+
+        NEVER also when the group would eat into the watermark of an empty
+        space (as vLLM's paged admission does), so it cannot wait forever.
+        """
+        space = self._space
+        needed = sum(space.slots_for(s) for s in sizes)
+        if needed > self.capacity - watermark_slots or not space.fits_empty(sizes):
+            return Admission.NEVER
+        if space.free_slots - watermark_slots < needed:
+            return Admission.NO_SPACE
+        if not space.can_place(sizes):
+            return Admission.FRAGMENTED
+        return Admission.OK
+
+    def _reservation(self, stored_len: int, final_len: int) -> int:
+        return reservation_slots(self.reservation, stored_len, final_len, self.max_seq_len)
+
+    def _place(self, seq_id: int, reserve: int, kv_len: int, final_len: int) -> None:
+        offset = self._space.allocate(reserve)
+        if offset is None:
+            raise OutOfSlots(
+                f"no hole of {reserve} slots for sequence {seq_id} "
+                f"(largest hole {self._space.largest_hole()}, free {self._space.free_slots})"
+            )
+        region = self._space.region_size(offset)
+        target = max(kv_len, min(final_len, region))
+        self._offset[seq_id] = offset
+        self._limit[seq_id] = region
+        self._kv[seq_id] = kv_len
+        self._target[seq_id] = target
+        self._final[seq_id] = final_len
+        self._reserve[seq_id] = reserve
+        self._token_states += kv_len
+        self._target_sum += target
+
+    def _release(self, seq_id: int) -> tuple[int, int, int]:
+        """Free a running sequence's region; return its (kv_len, final_len, reservation)."""
+        self._space.free(self._offset.pop(seq_id))
+        del self._limit[seq_id]
+        kv_len = self._kv.pop(seq_id)
+        self._token_states -= kv_len
+        self._target_sum -= self._target.pop(seq_id)
+        return kv_len, self._final.pop(seq_id), self._reserve.pop(seq_id)
+
+    def _require_new(self, seq_ids: Sequence[int]) -> None:
+        if len(set(seq_ids)) != len(seq_ids):
+            raise ValueError(f"duplicate sequence ids in {list(seq_ids)}")
+        for s in seq_ids:
+            if s in self._kv or s in self._swapped:
+                raise ValueError(f"sequence {s} already holds memory")
+
+    def _require_running(self, seq_ids: Sequence[int]) -> None:
+        for s in seq_ids:
+            if s not in self._kv:
+                raise ValueError(f"sequence {s} is not running on the GPU")
+
+    # --- admission -----------------------------------------------------------------------
+    def check_admit(
+        self, prompt_len: int, final_len: int, num_seqs: int, watermark_slots: int
+    ) -> Admission:
+        if num_seqs < 1:
+            raise ValueError(f"num_seqs must be >= 1, got {num_seqs}")
+        reserve = self._reservation(prompt_len, final_len)
+        if reserve < final_len:  # the sequence could never finish in its region
+            return Admission.NEVER
+        return self._admission([reserve] * num_seqs, watermark_slots)
+
+    def admit(self, seq_ids: Sequence[int], prompt_len: int, final_len: int) -> None:
+        self._require_new(seq_ids)
+        reserve = self._reservation(prompt_len, final_len)
+        if reserve < final_len:
+            raise ValueError(
+                f"final_len {final_len} exceeds the {self.reservation!r} reservation "
+                f"of {reserve} slots (max_seq_len {self.max_seq_len})"
+            )
+        if not self._space.can_place([reserve] * len(seq_ids)):
+            raise OutOfSlots(f"cannot place {len(seq_ids)} regions of {reserve} slots")
+        for s in seq_ids:
+            self._place(s, reserve, prompt_len, final_len)
+
+    # --- growth and copies ---------------------------------------------------------------
+    def try_append(self, seq_ids: Sequence[int]) -> bool:
+        """One more token for each sequence, inside its region; False if any region is full."""
+        kv, limit = self._kv, self._limit
+        for s in seq_ids:
+            if kv[s] >= limit[s]:
+                return False
+        target = self._target
+        for s in seq_ids:
+            n = kv[s] + 1
+            kv[s] = n
+            if n > target[s]:  # grew past its final_len: the slot is a token, not a reservation
+                target[s] = n
+                self._target_sum += 1
+        self._token_states += len(seq_ids)
+        return True
+
+    def fork(self, parent: int, child: int, child_final_len: int) -> None:
+        """Copy ``parent``'s KV into a new region of ``child``'s own reservation.
+
+        Raises ``OutOfSlots`` if no hole fits (the interface has no fork check:
+        a scheduler forking beams should free the dropped beams first).
+        """
+        self._require_running([parent])
+        self._require_new([child])
+        kv_len = self._kv[parent]
+        if child_final_len < kv_len:
+            raise ValueError(f"child_final_len {child_final_len} < parent's kv_len {kv_len}")
+        reserve = self._reservation(kv_len, child_final_len)
+        if reserve < child_final_len:
+            raise ValueError(
+                f"child_final_len {child_final_len} exceeds the reservation of {reserve} slots"
+            )
+        self._place(child, reserve, kv_len, child_final_len)
+
+    def free(self, seq_id: int) -> None:
+        if seq_id in self._kv:
+            self._release(seq_id)
+        elif seq_id in self._swapped:
+            self._cpu_used -= self._swapped.pop(seq_id)[0]
+        else:
+            raise ValueError(f"sequence {seq_id} holds no memory")
+
+    # --- swapping --------------------------------------------------------------------------
+    def can_swap_out(self, seq_ids: Sequence[int]) -> bool:
+        kv = self._kv
+        return self._cpu_used + sum(kv[s] for s in seq_ids) <= self.swap_capacity_slots
+
+    def swap_out(self, seq_ids: Sequence[int]) -> SwapResult:
+        """Copy each sequence's used span to CPU (one transfer per region) and free its region."""
+        self._require_running(seq_ids)
+        if not self.can_swap_out(seq_ids):
+            raise OutOfSlots(f"swap space of {self.swap_capacity_slots} slots is full")
+        moved = 0
+        for s in seq_ids:
+            kv_len, final_len, reserve = self._release(s)
+            self._swapped[s] = (kv_len, final_len, reserve)
+            moved += kv_len
+        self._cpu_used += moved
+        return SwapResult(blocks=len(seq_ids), slots=moved)
+
+    def _swapped_reserves(self, seq_ids: Sequence[int]) -> list[int]:
+        try:
+            return [self._swapped[s][2] for s in seq_ids]
+        except KeyError as e:
+            raise ValueError(f"sequence {e.args[0]} is not swapped out") from None
+
+    def check_swap_in(self, seq_ids: Sequence[int], watermark_slots: int) -> Admission:
+        return self._admission(self._swapped_reserves(seq_ids), watermark_slots)
+
+    def swap_in(self, seq_ids: Sequence[int]) -> SwapResult:
+        """New regions of each sequence's reservation, then copy its used span back."""
+        reserves = self._swapped_reserves(seq_ids)
+        if not self._space.can_place(reserves):
+            raise OutOfSlots(f"cannot place swapped-in regions of {reserves} slots")
+        moved = 0
+        for s in seq_ids:
+            kv_len, final_len, reserve = self._swapped.pop(s)
+            self._place(s, reserve, kv_len, final_len)
+            moved += kv_len
+        self._cpu_used -= moved
+        return SwapResult(blocks=len(seq_ids), slots=moved)
+
+    # --- observation ----------------------------------------------------------------------
+    def kv_len(self, seq_id: int) -> int:
+        """Tokens stored, on the GPU or (if swapped out) on the CPU."""
+        if seq_id in self._kv:
+            return self._kv[seq_id]
+        return self._swapped[seq_id][0]
+
+    def region(self, seq_id: int) -> tuple[int, int]:
+        """``(offset, slots)`` of a running sequence's region."""
+        return self._offset[seq_id], self._limit[seq_id]
+
+    @property
+    def space(self) -> SlotSpace:
+        """The slot space, for observation (holes, regions); mutate it only through this class."""
+        return self._space
+
+    @property
+    def swap_used_slots(self) -> int:
+        """CPU swap slots in use."""
+        return self._cpu_used
+
+    def usage(self) -> MemoryUsage:
+        free = self._space.free_slots
+        return MemoryUsage(
+            capacity=self.capacity,
+            token_states=self._token_states,
+            reserved=self._target_sum - self._token_states,
+            internal_frag=self.capacity - free - self._target_sum,
+            free=free,
+        )
+
+    def free_slots(self) -> int:
+        return self._space.free_slots
+
+    def check(self) -> None:
+        space = self._space
+        space.check()
+        live = {self._offset[s]: s for s in self._offset}
+        assert len(live) == len(self._offset), "two sequences share a region offset"
+        assert set(live) == {o for o, _ in space.regions()}, "regions and sequences disagree"
+        for s, offset in self._offset.items():
+            region, kv_len = self._limit[s], self._kv[s]
+            assert region == space.region_size(offset), f"sequence {s}: stale region size"
+            assert self._reserve[s] <= region, f"sequence {s}: region below its reservation"
+            assert 1 <= kv_len <= region, f"sequence {s}: kv_len {kv_len} outside its region"
+            want = max(kv_len, min(self._final[s], region))
+            assert self._target[s] == want, f"sequence {s}: target {self._target[s]} != {want}"
+        assert self._token_states == sum(self._kv.values()), "token_states total drifted"
+        assert self._target_sum == sum(self._target.values()), "target total drifted"
+        assert not set(self._kv) & set(self._swapped), "a sequence is both running and swapped"
+        assert self._cpu_used == sum(v[0] for v in self._swapped.values()), "swap total drifted"
+        assert self._cpu_used <= self.swap_capacity_slots, "swap space overcommitted"
+        self.usage().check()

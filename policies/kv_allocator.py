@@ -1,0 +1,127 @@
+"""The one interface every KV-cache allocator implements.
+
+The scheduler speaks to memory only through this interface, so paged and
+contiguous allocators are compared under identical scheduling. Units are token
+*slots* (one slot holds the K and V of one token in every layer).
+
+Lengths, precisely: a sequence's ``kv_len`` is the number of tokens whose KV is
+stored. Prefill stores the prompt (``kv_len = prompt_len``) and samples the first
+output token; each decode step first appends one slot (the newest token's KV is
+written by that step) and samples one more token. A request with ``o`` output
+tokens therefore ends at ``final_len = prompt_len + o - 1`` stored tokens; the
+allocator is told ``final_len`` only to *classify* memory (``reserved`` vs
+``internal_frag``). Only oracle reservation policies may use it for sizing.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+class Admission(enum.Enum):
+    """Why a group can or cannot be admitted now."""
+
+    OK = "ok"
+    NO_SPACE = "no_space"  # total free space (above the watermark) is too small
+    FRAGMENTED = "fragmented"  # enough free slots in total, but no hole large enough
+    NEVER = "never"  # larger than the whole cache (or the region limit): can never fit
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryUsage:
+    """Slots by class at one instant; the four add up to ``capacity``.
+
+    ``free`` is split further by the scheduler (external fragmentation,
+    stranded, idle) because only it knows whether a request is waiting.
+    """
+
+    capacity: int
+    token_states: int  # slots holding KV of computed tokens (a shared block counts once)
+    reserved: int  # allocated slots that their own sequence's future tokens will fill
+    internal_frag: int  # allocated slots that will never be filled
+    free: int  # unallocated slots
+
+    def check(self) -> None:
+        total = self.token_states + self.reserved + self.internal_frag + self.free
+        assert total == self.capacity, f"memory classes sum to {total}, capacity {self.capacity}"
+        assert min(self.token_states, self.reserved, self.internal_frag, self.free) >= 0
+
+
+@dataclass(frozen=True, slots=True)
+class SwapResult:
+    """What a swap moved: ``blocks`` units of ``block_size`` slots (contiguous: 1 block = the used span)."""
+
+    blocks: int
+    slots: int
+
+
+class KVAllocator(ABC):
+    """Allocate KV slots for sequences; report exactly where every slot is."""
+
+    capacity: int  # token slots on the GPU
+    #: slots one "block" holds for swap/copy cost purposes (contiguous: 1)
+    block_size: int
+    #: whether forks share memory (paged) or copy it (contiguous)
+    shares_memory: bool
+
+    # --- admission -----------------------------------------------------------
+    @abstractmethod
+    def check_admit(
+        self, prompt_len: int, final_len: int, num_seqs: int, watermark_slots: int
+    ) -> Admission:
+        """Could a group of ``num_seqs`` sequences sharing a ``prompt_len`` prompt be
+        admitted now, keeping ``watermark_slots`` free afterwards?"""
+
+    @abstractmethod
+    def admit(self, seq_ids: Sequence[int], prompt_len: int, final_len: int) -> None:
+        """Store the prompt's KV for every sequence of a new group (after ``check_admit`` said OK)."""
+
+    # --- growth and sharing ---------------------------------------------------
+    @abstractmethod
+    def try_append(self, seq_ids: Sequence[int]) -> bool:
+        """Add one slot to each sequence, all or nothing; False if memory is short."""
+
+    @abstractmethod
+    def fork(self, parent: int, child: int, child_final_len: int) -> None:
+        """Make ``child`` a copy of ``parent`` (shared blocks where the allocator shares)."""
+
+    @abstractmethod
+    def free(self, seq_id: int) -> None:
+        """Release everything a sequence holds."""
+
+    # --- swapping -----------------------------------------------------------------
+    @abstractmethod
+    def swap_out(self, seq_ids: Sequence[int]) -> SwapResult:
+        """Move a group's KV to CPU memory (the caller checked ``can_swap_out``)."""
+
+    @abstractmethod
+    def can_swap_out(self, seq_ids: Sequence[int]) -> bool:
+        """Is there CPU swap space for this group?"""
+
+    @abstractmethod
+    def check_swap_in(self, seq_ids: Sequence[int], watermark_slots: int) -> Admission:
+        """Could a swapped-out group come back now, keeping the watermark free?"""
+
+    @abstractmethod
+    def swap_in(self, seq_ids: Sequence[int]) -> SwapResult:
+        """Bring a swapped-out group back to the GPU."""
+
+    # --- observation ----------------------------------------------------------------
+    @abstractmethod
+    def kv_len(self, seq_id: int) -> int:
+        """Tokens of KV stored for a sequence."""
+
+    @abstractmethod
+    def usage(self) -> MemoryUsage:
+        """Exact slot classes now."""
+
+    @abstractmethod
+    def free_slots(self) -> int:
+        """Unallocated GPU slots."""
+
+    @abstractmethod
+    def check(self) -> None:
+        """Raise AssertionError if any invariant is broken (tests call this)."""

@@ -1,0 +1,18 @@
+"""Step-time models: roofline (no GPU needed) and calibrated (from a GPU profile)."""
+
+from simulator.cost_model.base import BatchShape, CostModel, causal_attention_pairs
+from simulator.cost_model.catalogue import GPUS, MODELS, PCIE, GPUSpec, ModelSpec
+from simulator.cost_model.roofline import RooflineCostModel, RooflineParams
+
+__all__ = [
+    "BatchShape",
+    "CostModel",
+    "causal_attention_pairs",
+    "GPUS",
+    "MODELS",
+    "PCIE",
+    "GPUSpec",
+    "ModelSpec",
+    "RooflineCostModel",
+    "RooflineParams",
+]

@@ -1,0 +1,65 @@
+"""What a cost model is asked: how long does one iteration (or a transfer) take?"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class BatchShape:
+    """The work of one iteration, in tokens; everything a step time depends on.
+
+    Aggregates (sums) rather than per-sequence lists keep the cost model O(1) and
+    let the engine advance many identical decode iterations in closed form.
+    """
+
+    prefill_seqs: int = 0  # sequences whose prompt (or part of it) is computed this step
+    prefill_tokens: int = 0  # prompt tokens computed (cached prefix tokens excluded)
+    prefill_attn_pairs: float = 0.0  # sum over prefill tokens of keys each attends to (causal)
+    decode_seqs: int = 0  # sequences generating one token each
+    decode_context: int = 0  # sum of KV lengths read by the decode sequences (tokens)
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens through the linear layers."""
+        return self.prefill_tokens + self.decode_seqs
+
+    @property
+    def empty(self) -> bool:
+        return self.prefill_tokens == 0 and self.decode_seqs == 0
+
+
+def causal_attention_pairs(new_tokens: int, cached_tokens: int = 0) -> float:
+    """Query-key pairs computed when ``new_tokens`` follow ``cached_tokens`` (causal mask).
+
+    Token i (1-based) of the new chunk attends to ``cached_tokens + i`` keys.
+    """
+    return new_tokens * cached_tokens + new_tokens * (new_tokens + 1) / 2
+
+
+class CostModel(ABC):
+    """Predicts seconds for a step and for memory transfers on one model replica.
+
+    The replica's model, GPU, tensor-parallel degree, block size and kernel kind
+    are fixed at construction; a step's time depends only on its ``BatchShape``.
+    """
+
+    @abstractmethod
+    def step_time(self, shape: BatchShape) -> float:
+        """Seconds one iteration of this shape takes."""
+
+    @abstractmethod
+    def decode_coefficients(self, num_seqs: int) -> tuple[float, float]:
+        """``(a, b)`` with ``step_time = a + b * decode_context`` for a decode-only batch.
+
+        Lets the engine sum a run of decode iterations in closed form.
+        """
+
+    @abstractmethod
+    def swap_time(self, num_blocks: int) -> float:
+        """Seconds to move ``num_blocks`` KV blocks across the host link (one direction)."""
+
+    @abstractmethod
+    def copy_time(self, num_blocks: int) -> float:
+        """Seconds to copy ``num_blocks`` KV blocks within GPU memory (copy-on-write)."""

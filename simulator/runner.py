@@ -1,0 +1,105 @@
+"""From a validated config to a finished simulation and its tables."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from policies.contiguous_allocator import ContiguousAllocator, contiguous_preset
+from policies.kv_allocator import KVAllocator
+from policies.paged_allocator import PagedAllocator
+from simulator.capacity import swap_slots
+from simulator.config import ExperimentConfig
+from simulator.cost_model.base import CostModel
+from simulator.cost_model.roofline import RooflineCostModel, RooflineParams
+from simulator.engine import Simulation
+from simulator.metrics import request_frame, summarize
+from simulator.scheduler import SchedulerLimits
+from simulator.workload import build_requests
+from traces import Request
+
+
+@dataclass
+class RunResult:
+    """A finished run: its config, summary (dict), per-request and per-step tables."""
+
+    config: ExperimentConfig
+    summary: dict
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    wall_s: float
+
+
+def allocator_settings(cfg: ExperimentConfig) -> tuple[str, str, bool]:
+    """(placement, reservation, request_level_batching) after applying a preset."""
+    a = cfg.allocator
+    if a.preset is not None:
+        p = contiguous_preset(a.preset)
+        return p.placement, p.reservation, p.request_level_batching
+    return a.placement, a.reservation, cfg.scheduler.batching == "request"
+
+
+def make_allocator_factory(cfg: ExperimentConfig) -> Callable[[], KVAllocator]:
+    slots = cfg.kv_slots
+    swap = swap_slots(cfg.hardware.swap_space_gb, cfg.hardware.tensor_parallel, cfg.model.spec)
+    a = cfg.allocator
+    if a.kind == "paged":
+        B = a.block_size
+        return lambda: PagedAllocator(slots // B, B, swap // B)
+    placement, reservation, _ = allocator_settings(cfg)
+    max_len = a.max_seq_len or cfg.model.context_len
+    return lambda: ContiguousAllocator(slots, placement, reservation, max_len, swap)
+
+
+def make_cost_factory(cfg: ExperimentConfig, base_dir: Path) -> Callable[[], CostModel]:
+    c, hw = cfg.cost_model, cfg.hardware
+    kernel = "paged" if cfg.allocator.kind == "paged" else "contiguous"
+    block = cfg.allocator.block_size if kernel == "paged" else 1
+    if c.kind == "calibrated":
+        from simulator.cost_model.calibrated import CalibratedCostModel, load_profile_for
+
+        profile = load_profile_for(c.profile, base_dir)
+        return lambda: CalibratedCostModel(profile, cfg.model.spec, hw.spec, hw.tensor_parallel, block, kernel,
+                                           pcie=hw.pcie, swap_batched=c.swap_batched)
+    params = RooflineParams(compute_efficiency=c.compute_efficiency, memory_efficiency=c.memory_efficiency,
+                            step_overhead_s=c.step_overhead_s, swap_batched=c.swap_batched)
+    return lambda: RooflineCostModel(cfg.model.spec, hw.spec, hw.tensor_parallel, block, kernel, params, hw.pcie)
+
+
+def scheduler_limits(cfg: ExperimentConfig) -> SchedulerLimits:
+    _, _, request_level = allocator_settings(cfg)
+    return SchedulerLimits(
+        max_num_seqs=cfg.scheduler.max_num_seqs,
+        max_num_batched_tokens=cfg.max_num_batched_tokens,
+        max_seq_len=cfg.model.context_len,
+        watermark=cfg.allocator.watermark,
+        request_level_batching=request_level,
+        preemption=cfg.preemption.mode,
+        swap_fallback=cfg.preemption.swap_fallback,
+    )
+
+
+def run_experiment(cfg: ExperimentConfig, base_dir: Path = Path("."),
+                   requests: Iterable[Request] | None = None) -> RunResult:
+    """Simulate ``cfg`` (its workload, unless ``requests`` are given) and summarize."""
+    t0 = time.perf_counter()
+    if requests is None:
+        requests = build_requests(cfg.workload, base_dir=base_dir, seed=cfg.seed, max_seq_len=cfg.model.context_len)
+    sim = Simulation(requests, make_allocator_factory(cfg), make_cost_factory(cfg, base_dir),
+                     scheduler_limits(cfg), cfg.hardware.num_replicas, cfg.scheduler.router)
+    sim.run()
+    req_df = request_frame(sim.request_rows)
+    steps = sim.steps.frame()
+    gaps: dict[float, int] = {}
+    for r in sim.replicas:
+        for gap, n in r.scheduler.itl_gaps.items():
+            gaps[gap] = gaps.get(gap, 0) + n
+    capacity = sim.replicas[0].scheduler.alloc.capacity
+    summary = summarize(req_df, steps, gaps, capacity, cfg.metrics.slo_ttft_ms, cfg.metrics.slo_tpot_ms)
+    summary["kv_capacity_slots"] = capacity
+    wall = time.perf_counter() - t0
+    return RunResult(cfg, summary, req_df, steps, wall)

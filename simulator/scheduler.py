@@ -1,0 +1,278 @@
+"""Iteration-level scheduling with vLLM's (v0) rules.
+
+Each call to :meth:`Scheduler.schedule` forms one iteration:
+
+1. If nothing is swapped out, admit waiting groups FCFS while ``max_num_seqs``,
+   ``max_num_batched_tokens`` and free memory above the watermark allow. A step
+   that admits anything is a prefill-only step (vLLM v0 does not mix prefills
+   into decode steps unless chunked prefill is on).
+2. Otherwise every running group, oldest first, appends one slot per sequence;
+   when memory runs out the *latest-arrived* running group is preempted (all its
+   sequences), repeatedly, until the rest fit.
+3. If that preempted nothing, swapped-out groups come back, oldest first, while
+   free memory stays above the watermark; they decode in the same step.
+
+Preempted groups are swapped out or recomputed (``preemption``): a recomputed
+group rejoins the *front* of the waiting queue with its generated tokens
+folded into its prompt. Request-level batching (FasterTransformer) admits a new
+batch only when the previous one has completely finished.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from policies.kv_allocator import Admission, KVAllocator
+from simulator.cost_model.base import BatchShape, causal_attention_pairs
+from simulator.sequence import SequenceGroup, Status
+from traces import Request
+
+
+@dataclass(frozen=True)
+class SchedulerLimits:
+    """Batch limits and policies; token counts are tokens, ``watermark`` a share of KV slots."""
+
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 4096
+    max_seq_len: int = 2048  # model context window: longer requests are rejected
+    watermark: float = 0.01
+    request_level_batching: bool = False
+    preemption: str = "recompute"  # recompute | swap | auto
+    swap_fallback: str = "recompute"  # when the CPU swap pool is full: recompute | abort
+
+
+@dataclass(slots=True)
+class Step:
+    """One iteration's batch and the memory traffic it triggered."""
+
+    prefill: list[SequenceGroup] = field(default_factory=list)
+    decode: list[SequenceGroup] = field(default_factory=list)
+    shape: BatchShape = field(default_factory=BatchShape)
+    preempted: int = 0
+    swap_out_blocks: int = 0
+    swap_in_blocks: int = 0
+    cow_copies: int = 0
+
+    @property
+    def empty(self) -> bool:
+        return not self.prefill and not self.decode
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.prefill) + len(self.decode)
+
+
+class Scheduler:
+    """Owns the waiting, running and swapped queues of one replica."""
+
+    def __init__(self, allocator: KVAllocator, limits: SchedulerLimits, on_terminal: Callable[[SequenceGroup], None]):
+        self.alloc = allocator
+        self.limits = limits
+        self.on_terminal = on_terminal  # called once per request when it ends
+        self.waiting: deque[SequenceGroup] = deque()
+        self.running: list[SequenceGroup] = []  # sorted by arrival
+        self.swapped: deque[SequenceGroup] = deque()
+        self.watermark_slots = int(limits.watermark * allocator.capacity)
+        #: why the head of the waiting queue was not admitted (None: nothing waits)
+        self.blocked: Admission | str | None = None
+        self._next_seq = 0
+        self.now = 0.0
+        self.itl_gaps: dict[float, int] = {}  # token gap (s) -> count, merged per step
+
+    # --- arrivals --------------------------------------------------------------
+    def add(self, request: Request, now: float) -> SequenceGroup:
+        self.now = now
+        k = request.num_seqs
+        seq_ids = list(range(self._next_seq, self._next_seq + k))
+        self._next_seq += k
+        group = SequenceGroup(
+            request=request,
+            seq_ids=seq_ids,
+            targets={s: request.output_tokens for s in seq_ids},
+            prompt_len=request.prompt_tokens,
+        )
+        limit = self.limits.max_seq_len
+        if request.prompt_tokens > limit:
+            self._end(group, Status.REJECTED, f"prompt of {request.prompt_tokens} tokens exceeds max_seq_len {limit}")
+        elif request.prompt_tokens + request.output_tokens > limit:
+            total = request.prompt_tokens + request.output_tokens
+            self._end(group, Status.REJECTED, f"prompt + output = {total} tokens exceeds max_seq_len {limit}")
+        else:
+            self.waiting.append(group)
+        return group
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.swapped)
+
+    # --- one iteration -------------------------------------------------------------
+    def schedule(self, now: float) -> Step:
+        self.now = now
+        step = Step()
+        may_admit = not self.swapped and not (self.limits.request_level_batching and self.running)
+        if may_admit:
+            self._admit(step)
+            if step.prefill:
+                return step
+        elif self.waiting:
+            self.blocked = "swapped" if self.swapped else "batch"
+        self._decode(step)
+        return step
+
+    def _admit(self, step: Step) -> None:
+        alloc, lim, shape = self.alloc, self.limits, step.shape
+        seqs = sum(g.num_live for g in self.running)
+        self.blocked = None
+        while self.waiting:
+            g = self.waiting[0]
+            final = g.max_final_len
+            verdict = alloc.check_admit(g.prompt_len, final, g.num_live, self.watermark_slots)
+            if verdict is Admission.NEVER:
+                self.waiting.popleft()
+                self._end(g, Status.REJECTED, f"needs more KV slots than the whole cache ({alloc.capacity})")
+                continue
+            if verdict is not Admission.OK:
+                self.blocked = verdict
+                return
+            if shape.prefill_tokens + g.prompt_len > lim.max_num_batched_tokens or seqs + g.num_live > lim.max_num_seqs:
+                self.blocked = "limits"
+                return
+            self.waiting.popleft()
+            alloc.admit(g.seq_ids, g.prompt_len, final)
+            seqs += g.num_live
+            shape.prefill_seqs += 1
+            shape.prefill_tokens += g.prompt_len
+            shape.prefill_attn_pairs += causal_attention_pairs(g.prompt_len)
+            self._start_running(g)
+            step.prefill.append(g)
+
+    def _start_running(self, g: SequenceGroup) -> None:
+        g.status = Status.RUNNING
+        if g.first_scheduled is None:
+            g.first_scheduled = self.now
+        bisect.insort(self.running, g, key=lambda x: x.sort_key)
+
+    def _decode(self, step: Step) -> None:
+        alloc = self.alloc
+        cow_before = getattr(alloc, "cow_copies", 0)
+        queue = deque(self.running)
+        kept: list[SequenceGroup] = []
+        while queue:
+            g = queue.popleft()
+            while not alloc.try_append(g.seq_ids):
+                victim = queue.pop() if queue else g
+                self._preempt(victim, step)
+                if victim is g:
+                    break
+            else:
+                kept.append(g)
+        self.running = kept
+        if not step.preempted and self.swapped:
+            self._swap_in(step)
+        shape = step.shape
+        for g in self.running:
+            shape.decode_seqs += g.num_live
+            for s in g.seq_ids:
+                shape.decode_context += alloc.kv_len(s)
+        step.decode = list(self.running)
+        step.cow_copies = getattr(alloc, "cow_copies", 0) - cow_before
+
+    def _swap_in(self, step: Step) -> None:
+        alloc = self.alloc
+        seqs = sum(g.num_live for g in self.running)
+        while self.swapped:
+            g = self.swapped[0]
+            if seqs + g.num_live > self.limits.max_num_seqs:
+                return
+            # Room for the blocks coming back plus one new slot per sequence, above the watermark.
+            room = self.watermark_slots + g.num_live * alloc.block_size
+            verdict = alloc.check_swap_in(g.seq_ids, room)
+            if verdict is Admission.NEVER:
+                self.swapped.popleft()
+                self._free_all(g)
+                self._end(g, Status.ABORTED, "swapped-out group can no longer fit in GPU memory")
+                continue
+            if verdict is not Admission.OK:
+                return
+            self.swapped.popleft()
+            moved = alloc.swap_in(g.seq_ids)
+            g.swapped_in_blocks += moved.blocks
+            step.swap_in_blocks += moved.blocks
+            appended = alloc.try_append(g.seq_ids)
+            assert appended, "swap-in left no room for the next token"
+            seqs += g.num_live
+            self._start_running(g)
+
+    # --- preemption -----------------------------------------------------------------
+    def _preempt(self, g: SequenceGroup, step: Step) -> None:
+        step.preempted += 1
+        g.preemptions += 1
+        mode = self.limits.preemption
+        if mode == "auto":
+            mode = "swap" if g.num_live > 1 else "recompute"
+        if mode == "swap":
+            if self.alloc.can_swap_out(g.seq_ids):
+                moved = self.alloc.swap_out(g.seq_ids)
+                g.swapped_out_blocks += moved.blocks
+                step.swap_out_blocks += moved.blocks
+                g.status = Status.SWAPPED
+                self.swapped.append(g)
+                return
+            if self.limits.swap_fallback == "abort":
+                self._free_all(g)
+                self._end(g, Status.ABORTED, "CPU swap space exhausted")
+                return
+        self._recompute(g)
+
+    def _recompute(self, g: SequenceGroup) -> None:
+        """Drop the group's KV; it will prefill prompt + generated tokens again."""
+        for s in g.seq_ids:
+            g.recomputed_tokens += self.alloc.kv_len(s)
+            self.alloc.free(s)
+        g.prompt_len = g.request.prompt_tokens + g.generated
+        g.status = Status.WAITING
+        self.waiting.appendleft(g)
+
+    # --- after the step ----------------------------------------------------------------
+    def complete(self, step: Step, now: float) -> None:
+        """Every scheduled sequence gained one token; finished sequences free their memory."""
+        gaps = self.itl_gaps
+        any_done = False
+        for groups in (step.prefill, step.decode):
+            for g in groups:
+                g.generated += 1
+                if g.first_token is None:
+                    g.first_token = now
+                else:
+                    gap = now - g.last_token
+                    gaps[gap] = gaps.get(gap, 0) + g.num_live
+                g.last_token = now
+                if g.generated >= min(g.targets[s] for s in g.seq_ids):
+                    any_done |= self._retire_done(g, now)
+        if any_done:
+            self.running = [g for g in self.running if g.status is Status.RUNNING]
+
+    def _retire_done(self, g: SequenceGroup, now: float) -> bool:
+        for s in [s for s in g.seq_ids if g.targets[s] <= g.generated]:
+            self.alloc.free(s)
+            g.seq_ids.remove(s)
+            g.finished_seqs.append(s)
+        if g.seq_ids:
+            return False
+        g.finish = now
+        self._end(g, Status.FINISHED, None)
+        return True
+
+    def _free_all(self, g: SequenceGroup) -> None:
+        for s in g.seq_ids:
+            self.alloc.free(s)
+
+    def _end(self, g: SequenceGroup, status: Status, reason: str | None) -> None:
+        g.status = status
+        g.reason = reason
+        if g.finish is None:
+            g.finish = self.now
+        self.on_terminal(g)

@@ -1,0 +1,68 @@
+"""A request in flight: a group of sequences (one, ``n`` samples or beams) sharing a prompt."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from traces import Request
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    SWAPPED = "swapped"
+    FINISHED = "finished"
+    REJECTED = "rejected"
+    ABORTED = "aborted"
+
+
+TERMINAL = (Status.FINISHED, Status.REJECTED, Status.ABORTED)
+
+
+@dataclass(eq=False, slots=True)
+class SequenceGroup:
+    """One request's sequences and its life story (times in seconds of simulated time).
+
+    All live sequences of a group generate in lockstep, so ``generated`` is the
+    group's count of output tokens per sequence; sequence ``s`` is done when
+    ``generated == targets[s]``.
+    """
+
+    request: Request
+    seq_ids: list[int]  # live sequences, still generating
+    targets: dict[int, int]  # seq -> output tokens it will generate in total
+    prompt_len: int  # tokens the next prefill computes (grows on recompute)
+    status: Status = Status.WAITING
+    generated: int = 0
+    # metrics
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    last_token: float = 0.0
+    finish: float | None = None
+    preemptions: int = 0
+    recomputed_tokens: int = 0
+    swapped_out_blocks: int = 0
+    swapped_in_blocks: int = 0
+    reason: str | None = None  # why rejected or aborted
+    finished_seqs: list[int] = field(default_factory=list)
+
+    @property
+    def arrival(self) -> float:
+        return self.request.arrival_time
+
+    @property
+    def sort_key(self) -> tuple[float, int]:
+        return (self.request.arrival_time, self.request.request_id)
+
+    @property
+    def num_live(self) -> int:
+        return len(self.seq_ids)
+
+    def final_len(self, seq_id: int) -> int:
+        """KV tokens the sequence will hold at its end: prompt + output - 1 (the last token's KV is never written)."""
+        return self.request.prompt_tokens + self.targets[seq_id] - 1
+
+    @property
+    def max_final_len(self) -> int:
+        return self.request.prompt_tokens + max(self.targets.values()) - 1

@@ -1,0 +1,146 @@
+"""Paged allocator: exact block counts, copy-on-write, swapping, and memory classes."""
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policies.kv_allocator import Admission
+from policies.paged_allocator import PagedAllocator, blocks_for
+
+
+def test_new_block_only_when_last_is_full():
+    a = PagedAllocator(num_blocks=10, block_size=4, swap_blocks=0)
+    a.admit([0], prompt_len=5, final_len=9)  # blocks: [4, 1]
+    assert a.pool.num_used == 2
+    for expected_used in (2, 2, 2, 3):  # slots 6,7,8 fill block 2; slot 9 needs block 3
+        assert a.try_append([0])
+        assert a.pool.num_used == expected_used
+    assert a.kv_len(0) == 9
+    a.check()
+
+
+def test_usage_classes_for_one_sequence():
+    a = PagedAllocator(num_blocks=10, block_size=4)
+    a.admit([0], prompt_len=5, final_len=7)
+    u = a.usage()
+    # 2 blocks = 8 slots: 5 tokens, 2 reserved (up to final length 7), 1 never filled.
+    assert (u.token_states, u.reserved, u.internal_frag, u.free) == (5, 2, 1, 32)
+    u.check()
+
+
+def test_fork_shares_and_copy_on_write_copies_partial_block():
+    a = PagedAllocator(num_blocks=10, block_size=4)
+    a.admit([0], prompt_len=6, final_len=12)  # blocks full(4) + partial(2)
+    a.fork(0, 1, child_final_len=12)
+    assert a.pool.num_used == 2
+    assert a.usage().token_states == 6  # shared blocks count once
+    assert a.try_append([0])  # seq 0 appends into the shared partial block: copy first
+    assert a.cow_copies == 1
+    assert a.pool.num_used == 3
+    assert a.try_append([1])  # seq 1 is now the only holder: no copy
+    assert a.cow_copies == 1
+    assert a.pool.num_used == 3
+    a.check()
+    a.free(0)
+    a.free(1)
+    assert a.pool.num_free == 10
+    a.check()
+
+
+def test_full_shared_block_is_not_copied():
+    a = PagedAllocator(num_blocks=10, block_size=4)
+    a.admit([0, 1], prompt_len=8, final_len=12)  # two full blocks shared by two samples
+    assert a.try_append([0, 1])
+    assert a.cow_copies == 0
+    assert a.pool.num_used == 4
+    a.check()
+
+
+def test_try_append_is_all_or_nothing():
+    a = PagedAllocator(num_blocks=3, block_size=2)
+    a.admit([0], 2, 10)
+    a.admit([1], 2, 10)
+    a.try_append([0])  # takes the last free block
+    before = (a.kv_len(0), a.kv_len(1), a.pool.num_free)
+    assert not a.try_append([1])
+    assert (a.kv_len(0), a.kv_len(1), a.pool.num_free) == before
+
+
+def test_admission_watermark_and_never():
+    a = PagedAllocator(num_blocks=100, block_size=16)
+    assert a.check_admit(16 * 99, 16 * 99, 1, watermark_slots=16) is Admission.OK
+    assert a.check_admit(16 * 100, 16 * 100, 1, watermark_slots=16) is Admission.NEVER
+    assert a.check_admit(16, 16 * 101, 1, watermark_slots=0) is Admission.NEVER  # could never finish
+    a.admit([0], 16 * 60, 16 * 60)
+    assert a.check_admit(16 * 40, 16 * 40, 1, watermark_slots=16) is Admission.NO_SPACE
+
+
+def test_swap_round_trip_keeps_sharing_and_contents():
+    a = PagedAllocator(num_blocks=8, block_size=4, swap_blocks=8)
+    a.admit([0, 1], prompt_len=6, final_len=10)
+    a.try_append([0, 1])
+    usage_before = a.usage()
+    assert a.can_swap_out([0, 1])
+    out = a.swap_out([0, 1])
+    assert out.blocks == 3  # 1 shared full block + 2 private partial blocks
+    assert a.pool.num_free == 8 and a.cpu_pool.num_used == 3
+    a.check()
+    back = a.swap_in([0, 1])
+    assert back.blocks == 3 and back.slots == out.slots == 4 + 3 + 3
+    assert a.usage() == usage_before
+    a.check()
+
+
+@st.composite
+def operations(draw):
+    return draw(st.lists(st.tuples(st.sampled_from(["admit", "append", "fork", "free", "swap_out", "swap_in"]),
+                                   st.integers(0, 10_000), st.integers(1, 40)), max_size=80))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from([1, 2, 4, 16]), operations())
+def test_random_operations_keep_every_invariant(block_size, ops):
+    a = PagedAllocator(num_blocks=24, block_size=block_size, swap_blocks=16)
+    live: list[int] = []
+    swapped: list[int] = []
+    next_id = 0
+    for op, pick, size in ops:
+        if op == "admit":
+            if a.check_admit(size, size + 20, 1, 0) is Admission.OK:
+                a.admit([next_id], size, size + 20)
+                live.append(next_id)
+                next_id += 1
+        elif op == "append" and live:
+            s = live[pick % len(live)]
+            before = a.kv_len(s)
+            ok = a.try_append([s])
+            assert a.kv_len(s) == before + (1 if ok else 0)
+        elif op == "fork" and live:
+            s = live[pick % len(live)]
+            used = a.pool.num_used
+            a.fork(s, next_id, a.kv_len(s) + 20)
+            assert a.pool.num_used == used  # a fork takes no new block
+            live.append(next_id)
+            next_id += 1
+        elif op == "free" and (live or swapped):
+            pool = live if live and (pick % 2 or not swapped) else swapped
+            s = pool.pop(pick % len(pool))
+            a.free(s)
+        elif op == "swap_out" and live:
+            s = live[pick % len(live)]
+            if a.can_swap_out([s]):
+                a.swap_out([s])
+                live.remove(s)
+                swapped.append(s)
+        elif op == "swap_in" and swapped:
+            s = swapped[pick % len(swapped)]
+            if a.check_swap_in([s], 0) is Admission.OK:
+                a.swap_in([s])
+                swapped.remove(s)
+                live.append(s)
+        a.check()  # refcounts exact, blocks conserved, classes sum to capacity
+        for s in live:
+            assert len(a._tables[s]) == blocks_for(a.kv_len(s), block_size)
+    for s in live + swapped:
+        a.free(s)
+    assert a.pool.num_free == 24 and a.cpu_pool.num_free == 16
+    assert a.usage().token_states == 0

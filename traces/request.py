@@ -1,0 +1,31 @@
+"""The request record every loader and generator produces."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One inference request as it arrives at the serving system.
+
+    Times are in seconds from the start of the trace; lengths in tokens.
+    ``output_tokens`` is the true output length: the simulator uses it to know
+    when a sequence ends, a policy only if it is an oracle.
+    """
+
+    request_id: int
+    arrival_time: float
+    prompt_tokens: int
+    output_tokens: int
+    n: int = 1  # parallel samples
+    beam_width: int = 1
+    prefix_id: str | None = None  # a prefix shared by several requests ...
+    prefix_tokens: int = 0  # ... and its length (<= prompt_tokens)
+    hash_ids: tuple[int, ...] | None = None  # prefix-block identities (Mooncake)
+    hash_block_tokens: int = 512  # tokens covered by one hash id
+
+    @property
+    def num_seqs(self) -> int:
+        """Sequences the request runs as: samples or beams share one prompt."""
+        return max(self.n, self.beam_width)
