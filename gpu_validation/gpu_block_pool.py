@@ -66,9 +66,13 @@ class GPUBlockPool:
         self.head_dim = head_dim
         self.dtype = dtype
         block_shape = (2, block_size, num_kv_heads, head_dim)
-        self.kv = torch.zeros((num_layers, num_blocks, *block_shape), dtype=dtype, device=self.device)
+        self.kv = torch.zeros(
+            (num_layers, num_blocks, *block_shape), dtype=dtype, device=self.device
+        )
         pin = self.device.type == "cuda"
-        self.cpu_kv = torch.zeros((num_layers, num_cpu_blocks, *block_shape), dtype=dtype, pin_memory=pin)
+        self.cpu_kv = torch.zeros(
+            (num_layers, num_cpu_blocks, *block_shape), dtype=dtype, pin_memory=pin
+        )
         self.blocks = BlockPool(num_blocks, block_size)
         self.cpu_blocks = BlockPool(num_cpu_blocks, block_size)
 
@@ -122,7 +126,9 @@ class GPUBlockPool:
         return [moved.get(b, b) for b in blocks]
 
     # --- transfers to and from the host ------------------------------------------------
-    def copy_to_host(self, device_blocks: list[int], host_blocks: list[int], *, batched: bool) -> int:
+    def copy_to_host(
+        self, device_blocks: list[int], host_blocks: list[int], *, batched: bool
+    ) -> int:
         """Copy device blocks into host blocks (all layers); returns the transfers issued."""
         if len(device_blocks) != len(host_blocks):
             raise ValueError("device_blocks and host_blocks differ in length")
@@ -141,10 +147,14 @@ class GPUBlockPool:
         runs = _runs(host_sorted)
         for layer in range(self.num_layers):
             for i, first, n in runs:
-                self.cpu_kv[layer, first : first + n].copy_(staging[layer, i : i + n], non_blocking=True)
+                self.cpu_kv[layer, first : first + n].copy_(
+                    staging[layer, i : i + n], non_blocking=True
+                )
         return self.num_layers * len(runs)
 
-    def copy_to_device(self, host_blocks: list[int], device_blocks: list[int], *, batched: bool) -> int:
+    def copy_to_device(
+        self, host_blocks: list[int], device_blocks: list[int], *, batched: bool
+    ) -> int:
         """Copy host blocks into device blocks (all layers); returns the transfers issued."""
         if len(device_blocks) != len(host_blocks):
             raise ValueError("device_blocks and host_blocks differ in length")
@@ -164,7 +174,9 @@ class GPUBlockPool:
         )
         for layer in range(self.num_layers):
             for i, first, n in runs:
-                staging[layer, i : i + n].copy_(self.cpu_kv[layer, first : first + n], non_blocking=True)
+                staging[layer, i : i + n].copy_(
+                    self.cpu_kv[layer, first : first + n], non_blocking=True
+                )
         self.kv.index_copy_(1, self._index([d for _, d in pairs]), staging)
         return self.num_layers * len(runs)
 

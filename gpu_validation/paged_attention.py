@@ -173,7 +173,10 @@ def _decode_attention_kernel(
     else:
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # an empty context gives zeros
         tl.store(
-            out_ptr + seq.to(tl.int64) * stride_o_seq + q_heads[:, None] * stride_o_head + dims[None, :],
+            out_ptr
+            + seq.to(tl.int64) * stride_o_seq
+            + q_heads[:, None] * stride_o_head
+            + dims[None, :],
             out.to(out_ptr.dtype.element_ty),
             mask=row_ok[:, None] & dim_ok[None, :],
         )
@@ -202,11 +205,11 @@ def _merge_splits_kernel(
     dim_ok = dims < HEAD_DIM
     part = (seq.to(tl.int64) * num_q_heads + head) * num_splits + splits
     m = tl.load(part_m_ptr + part, mask=split_ok, other=float("-inf"))
-    l = tl.load(part_l_ptr + part, mask=split_ok, other=0.0)
+    part_sum = tl.load(part_l_ptr + part, mask=split_ok, other=0.0)
     m_max = tl.max(m, 0)
     m_max = tl.where(m_max == float("-inf"), 0.0, m_max)  # all splits empty
     w = tl.exp2(m - m_max)  # empty splits (m = -inf) weigh 0
-    l_total = tl.sum(w * l, 0)
+    l_total = tl.sum(w * part_sum, 0)
     acc = tl.load(
         part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :],
         mask=split_ok[:, None] & dim_ok[None, :],
@@ -298,15 +301,21 @@ def _launch(
     max_context_len = max(max_context_len, 1)
     tile = config.tile
     if num_splits is None:
-        num_splits = choose_num_splits(num_seqs * num_kv_heads, max_context_len, num_sms(q.device), tile)
+        num_splits = choose_num_splits(
+            num_seqs * num_kv_heads, max_context_len, num_sms(q.device), tile
+        )
     tokens_per_split = math.ceil(math.ceil(max_context_len / num_splits) / tile) * tile
     num_splits = math.ceil(max_context_len / tokens_per_split)
     split = num_splits > 1
 
     if split:
-        part_m = torch.empty((num_seqs, num_q_heads, num_splits), dtype=torch.float32, device=q.device)
+        part_m = torch.empty(
+            (num_seqs, num_q_heads, num_splits), dtype=torch.float32, device=q.device
+        )
         part_l = torch.empty_like(part_m)
-        part_acc = torch.empty((num_seqs, num_q_heads, num_splits, head_dim), dtype=torch.float32, device=q.device)
+        part_acc = torch.empty(
+            (num_seqs, num_q_heads, num_splits, head_dim), dtype=torch.float32, device=q.device
+        )
     else:
         part_m = part_l = part_acc = out  # unused
     table = block_tables if paged else context_lens  # unused when not paged
@@ -390,7 +399,11 @@ def paged_decode_attention(
     block_size = k_cache.shape[1]
     if block_size & (block_size - 1):
         raise ValueError(f"block_size must be a power of two, got {block_size}")
-    if block_tables.dtype != torch.int32 or block_tables.dim() != 2 or block_tables.shape[0] != q.shape[0]:
+    if (
+        block_tables.dtype != torch.int32
+        or block_tables.dim() != 2
+        or block_tables.shape[0] != q.shape[0]
+    ):
         raise ValueError("block_tables must be int32 of shape [num_seqs, max_blocks]")
     if block_tables.stride(1) != 1:
         raise ValueError("block_tables rows must be contiguous")

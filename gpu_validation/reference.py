@@ -11,7 +11,9 @@ import math
 import torch
 
 
-def gather_paged_kv(cache: torch.Tensor, block_table: torch.Tensor, context_len: int) -> torch.Tensor:
+def gather_paged_kv(
+    cache: torch.Tensor, block_table: torch.Tensor, context_len: int
+) -> torch.Tensor:
     """One sequence's ``[context_len, kv_heads, head_dim]`` K (or V) from a paged cache."""
     block_size = cache.shape[1]
     num_blocks = math.ceil(context_len / block_size)

@@ -19,10 +19,12 @@ Running totals keep ``usage()`` and ``try_append`` O(1).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-from policies.kv_allocator import Admission, KVAllocator, MemoryUsage, SwapResult
+import numpy as np
+
+from policies.kv_allocator import Admission, KVAllocator, MemoryUsage, SwapResult, UsageSeries
 from policies.reservation import RESERVATION_POLICIES, reservation_slots
 from policies.slot_space import SlotSpace, make_slot_space
 
@@ -45,13 +47,15 @@ class ContiguousPreset:
 
 
 #: The vLLM paper's contiguous baselines (section 6.1). Orca uses a buddy
-#: allocator. FasterTransformer preallocates a [batch, max_seq_len] buffer:
+#: allocator; Orca-Oracle's exact reservation would be rounded back up to
+#: Pow2's by a plain buddy, so it uses ``buddy_exact`` (the rounded tail is
+#: returned to the buddy lists, as Linux's alloc_pages_exact does). FasterTransformer preallocates a [batch, max_seq_len] buffer:
 #: equal max-length slots, which first fit over equal-size regions reproduces
 #: exactly (every region starts at a multiple of max_seq_len).
 CONTIGUOUS_PRESETS: dict[str, ContiguousPreset] = {
     "orca-max": ContiguousPreset("buddy", "max"),
     "orca-pow2": ContiguousPreset("buddy", "pow2"),
-    "orca-oracle": ContiguousPreset("buddy", "oracle"),
+    "orca-oracle": ContiguousPreset("buddy_exact", "oracle"),
     "fastertransformer": ContiguousPreset("first_fit", "max", request_level_batching=True),
 }
 
@@ -77,6 +81,7 @@ class ContiguousAllocator(KVAllocator):
 
     block_size = 1
     shares_memory = False
+    copied_blocks = 0
 
     def __init__(
         self,
@@ -180,7 +185,8 @@ class ContiguousAllocator(KVAllocator):
 
     # --- admission -----------------------------------------------------------------------
     def check_admit(
-        self, prompt_len: int, final_len: int, num_seqs: int, watermark_slots: int
+        self, prompt_len: int, final_len: int, num_seqs: int, watermark_slots: int,
+        prefix: Sequence[Hashable] = (),
     ) -> Admission:
         if num_seqs < 1:
             raise ValueError(f"num_seqs must be >= 1, got {num_seqs}")
@@ -189,7 +195,9 @@ class ContiguousAllocator(KVAllocator):
             return Admission.NEVER
         return self._admission([reserve] * num_seqs, watermark_slots)
 
-    def admit(self, seq_ids: Sequence[int], prompt_len: int, final_len: int) -> None:
+    def admit(self, seq_ids: Sequence[int], prompt_len: int, final_len: int,
+              prefix: Sequence[Hashable] = ()) -> int:
+        """Place one region per sequence, each with its own copy of the prompt (no prefix cache)."""
         self._require_new(seq_ids)
         reserve = self._reservation(prompt_len, final_len)
         if reserve < final_len:
@@ -201,6 +209,7 @@ class ContiguousAllocator(KVAllocator):
             raise OutOfSlots(f"cannot place {len(seq_ids)} regions of {reserve} slots")
         for s in seq_ids:
             self._place(s, reserve, prompt_len, final_len)
+        return 0
 
     # --- growth and copies ---------------------------------------------------------------
     def try_append(self, seq_ids: Sequence[int]) -> bool:
@@ -219,6 +228,35 @@ class ContiguousAllocator(KVAllocator):
         self._token_states += len(seq_ids)
         return True
 
+    def max_advance(self, seq_ids: Sequence[int], limit: int) -> int:
+        """Steps every region can still grow by while each sequence stays within its target.
+
+        Within that bound each step turns one reserved slot per sequence into a
+        token, so the classes change linearly.
+        """
+        kv, limit_of, target = self._kv, self._limit, self._target
+        k = limit
+        for s in seq_ids:
+            room = min(limit_of[s], target[s]) - kv[s]
+            if room < k:
+                k = room
+        return max(k, 0)
+
+    def advance(self, seq_ids: Sequence[int], steps: int) -> UsageSeries:
+        n = len(seq_ids)
+        u = self.usage()
+        kv = self._kv
+        for s in seq_ids:
+            kv[s] += steps
+        self._token_states += n * steps
+        i = np.arange(1, steps + 1, dtype=np.int64)
+        return UsageSeries(
+            token_states=u.token_states + n * i,
+            reserved=u.reserved - n * i,
+            internal_frag=np.full(steps, u.internal_frag, dtype=np.int64),
+            free=np.full(steps, u.free, dtype=np.int64),
+        )
+
     def fork(self, parent: int, child: int, child_final_len: int) -> None:
         """Copy ``parent``'s KV into a new region of ``child``'s own reservation.
 
@@ -236,6 +274,7 @@ class ContiguousAllocator(KVAllocator):
                 f"child_final_len {child_final_len} exceeds the reservation of {reserve} slots"
             )
         self._place(child, reserve, kv_len, child_final_len)
+        self.copied_blocks += kv_len  # block_size 1: the parent's KV is copied slot by slot
 
     def free(self, seq_id: int) -> None:
         if seq_id in self._kv:

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 
 class Admission(enum.Enum):
@@ -42,7 +44,9 @@ class MemoryUsage:
     token_states: int  # slots holding KV of computed tokens (a shared block counts once)
     reserved: int  # allocated slots that their own sequence's future tokens will fill
     internal_frag: int  # allocated slots that will never be filled
-    free: int  # unallocated slots
+    free: int  # unallocated slots (a prefix cache's unreferenced blocks count as free)
+    #: slots the sequences would hold if nothing were shared (for the sharing saving)
+    unshared: int = 0
 
     def check(self) -> None:
         total = self.token_states + self.reserved + self.internal_frag + self.free
@@ -58,6 +62,17 @@ class SwapResult:
     slots: int
 
 
+@dataclass(frozen=True, slots=True)
+class UsageSeries:
+    """Slot classes after each of several consecutive decode steps (arrays of equal length)."""
+
+    token_states: np.ndarray
+    reserved: np.ndarray
+    internal_frag: np.ndarray
+    free: np.ndarray
+    unshared: np.ndarray | None = None  # slots held if nothing were shared (None: no sharing)
+
+
 class KVAllocator(ABC):
     """Allocate KV slots for sequences; report exactly where every slot is."""
 
@@ -66,18 +81,28 @@ class KVAllocator(ABC):
     block_size: int
     #: whether forks share memory (paged) or copy it (contiguous)
     shares_memory: bool
+    #: blocks copied inside GPU memory so far (copy-on-write, or a contiguous fork's copy)
+    copied_blocks: int = 0
 
     # --- admission -----------------------------------------------------------
     @abstractmethod
     def check_admit(
-        self, prompt_len: int, final_len: int, num_seqs: int, watermark_slots: int
+        self, prompt_len: int, final_len: int, num_seqs: int, watermark_slots: int,
+        prefix: Sequence[Hashable] = (),
     ) -> Admission:
         """Could a group of ``num_seqs`` sequences sharing a ``prompt_len`` prompt be
-        admitted now, keeping ``watermark_slots`` free afterwards?"""
+        admitted now, keeping ``watermark_slots`` free afterwards?
+
+        ``prefix`` names the content of the prompt's leading full blocks (one entry
+        per ``block_size`` tokens); an allocator with a prefix cache reuses blocks
+        whose whole chain of contents matches. Others ignore it.
+        """
 
     @abstractmethod
-    def admit(self, seq_ids: Sequence[int], prompt_len: int, final_len: int) -> None:
-        """Store the prompt's KV for every sequence of a new group (after ``check_admit`` said OK)."""
+    def admit(self, seq_ids: Sequence[int], prompt_len: int, final_len: int,
+              prefix: Sequence[Hashable] = ()) -> int:
+        """Store the prompt's KV for every sequence of a new group (after ``check_admit``
+        said OK); return how many prompt tokens were found in the prefix cache."""
 
     # --- growth and sharing ---------------------------------------------------
     @abstractmethod
@@ -108,6 +133,19 @@ class KVAllocator(ABC):
     @abstractmethod
     def swap_in(self, seq_ids: Sequence[int]) -> SwapResult:
         """Bring a swapped-out group back to the GPU."""
+
+    # --- runs of identical decode steps (macro-stepping) ----------------------------------
+    def max_advance(self, seq_ids: Sequence[int], limit: int) -> int:
+        """How many further decode steps, each appending one slot to every sequence in
+        ``seq_ids`` (in order), are certain to succeed without copies: 0 to ``limit``.
+
+        The default, 0, makes the engine step one iteration at a time.
+        """
+        return 0
+
+    def advance(self, seq_ids: Sequence[int], steps: int) -> UsageSeries:
+        """Apply ``steps`` such decode steps at once; return the usage after each."""
+        raise NotImplementedError(f"{type(self).__name__} does not support macro-stepping")
 
     # --- observation ----------------------------------------------------------------
     @abstractmethod

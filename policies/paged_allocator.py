@@ -6,14 +6,24 @@ are ever allocated ahead of need. Forked sequences share blocks by reference
 count; appending to a shared, partly filled last block first copies it
 (copy-on-write). Swapping moves a group's distinct blocks to a CPU pool once each,
 however many of its sequences share them.
+
+Prefix caching (optional): a full prompt block is identified by the chain of
+contents before and including it (a block's identity depends on everything in
+front of it, as in vLLM's hash of parent hash + tokens). The cache itself holds
+one reference to every block it indexes, so a block whose sequences have all
+finished stays valid and reusable; such *unreferenced* cached blocks count as
+free and are evicted least-recently-used first when a block is needed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
+
+import numpy as np
 
 from policies.block_pool import BlockPool
-from policies.kv_allocator import Admission, KVAllocator, MemoryUsage, SwapResult
+from policies.kv_allocator import Admission, KVAllocator, MemoryUsage, SwapResult, UsageSeries
 
 
 def blocks_for(tokens: int, block_size: int) -> int:
@@ -26,7 +36,7 @@ class PagedAllocator(KVAllocator):
 
     shares_memory = True
 
-    def __init__(self, num_blocks: int, block_size: int, swap_blocks: int = 0):
+    def __init__(self, num_blocks: int, block_size: int, swap_blocks: int = 0, prefix_caching: bool = False):
         self.pool = BlockPool(num_blocks, block_size)
         self.cpu_pool = BlockPool(swap_blocks, block_size)
         self.block_size = block_size
@@ -37,8 +47,74 @@ class PagedAllocator(KVAllocator):
         self._swapped: set[int] = set()
         self._filled = [0] * num_blocks  # slots written in each GPU block
         self._cpu_filled = [0] * swap_blocks
-        self._token_states = 0  # sum of _filled over GPU blocks in use
-        self.cow_copies = 0  # copy-on-write block copies so far
+        self._token_states = 0  # sum of _filled over GPU blocks held by sequences
+        self.copied_blocks = 0  # copy-on-write block copies so far
+        # prefix cache
+        self.prefix_caching = prefix_caching
+        self._chain: dict[tuple, int] = {}  # (parent key, content) -> key: interned chain identities
+        self._cached: dict[int, int] = {}  # key -> GPU block holding that content
+        self._key_of: dict[int, int] = {}  # GPU block -> its key
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # cached blocks no sequence holds, LRU first
+        self.prefix_lookups = 0  # cacheable prompt blocks looked up
+        self.prefix_hits = 0  # ... and found
+        self.evictions = 0
+
+    @property
+    def cow_copies(self) -> int:
+        return self.copied_blocks
+
+    # --- free blocks, counting unreferenced cached ones ----------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free + len(self._evictable)
+
+    def _take(self) -> int:
+        """One block for new content: a free one, else evict the least recently used cached one."""
+        if self.pool._free:
+            return self.pool.allocate()
+        block, _ = self._evictable.popitem(last=False)
+        del self._cached[self._key_of.pop(block)]
+        self.evictions += 1
+        self.pool.release(block)  # the cache's reference; now free
+        self._filled[block] = 0
+        return self.pool.allocate()
+
+    def _take_many(self, count: int) -> list[int]:
+        if count <= self.pool.num_free:
+            return self.pool.allocate_many(count)
+        return [self._take() for _ in range(count)]
+
+    def _release_gpu(self, table: list[int]) -> None:
+        filled, pool, key_of = self._filled, self.pool, self._key_of
+        for b in table:
+            if pool.release(b):
+                self._token_states -= filled[b]
+                filled[b] = 0
+            elif b in key_of and pool._refcount[b] == 1:  # only the cache holds it now
+                self._token_states -= filled[b]
+                self._evictable[b] = None
+
+    # --- prefix cache ----------------------------------------------------------------
+    def _keys(self, prefix: Sequence[Hashable]) -> list[int]:
+        """Chain identities of the prompt's leading full blocks."""
+        keys, parent, chain = [], -1, self._chain
+        for content in prefix:
+            k = chain.get((parent, content))
+            if k is None:
+                k = chain[(parent, content)] = len(chain)
+            keys.append(k)
+            parent = k
+        return keys
+
+    def _hits(self, keys: list[int]) -> list[int]:
+        """Blocks of the longest cached run of leading keys."""
+        hits = []
+        for k in keys:
+            b = self._cached.get(k)
+            if b is None:
+                break
+            hits.append(b)
+        return hits
 
     # --- admission -------------------------------------------------------------
     def _never_fits(self, prompt_len: int, final_len: int, num_seqs: int, wm_blocks: int) -> bool:
@@ -51,28 +127,50 @@ class PagedAllocator(KVAllocator):
             peak = prompt_blocks + num_seqs * (final_blocks - prompt_blocks + 1)
         return prompt_blocks > self.pool.num_blocks - wm_blocks or peak > self.pool.num_blocks
 
-    def check_admit(self, prompt_len: int, final_len: int, num_seqs: int, watermark_slots: int) -> Admission:
+    def check_admit(self, prompt_len: int, final_len: int, num_seqs: int, watermark_slots: int,
+                    prefix: Sequence[Hashable] = ()) -> Admission:
         wm = watermark_slots // self.block_size
         if self._never_fits(prompt_len, final_len, num_seqs, wm):
             return Admission.NEVER
-        if self.pool.num_free - blocks_for(prompt_len, self.block_size) < wm:
+        need = blocks_for(prompt_len, self.block_size)
+        if self.prefix_caching and prefix:
+            hits = self._hits(self._keys(prefix))
+            # A hit costs nothing unless it is an unreferenced cached block (counted as free).
+            need -= sum(1 for b in hits if b not in self._evictable)
+        if self.num_free_blocks - need < wm:
             return Admission.NO_SPACE
         return Admission.OK
 
-    def admit(self, seq_ids: Sequence[int], prompt_len: int, final_len: int) -> None:
-        B = self.block_size
-        blocks = self.pool.allocate_many(blocks_for(prompt_len, B))
-        filled = self._filled
-        for i, b in enumerate(blocks):
+    def admit(self, seq_ids: Sequence[int], prompt_len: int, final_len: int,
+              prefix: Sequence[Hashable] = ()) -> int:
+        B, pool, filled = self.block_size, self.pool, self._filled
+        keys = self._keys(prefix) if self.prefix_caching and prefix else []
+        hits = self._hits(keys)
+        for b in hits:  # revive or share the cached blocks
+            pool.share(b)
+            if b in self._evictable:
+                del self._evictable[b]
+                self._token_states += filled[b]
+        self.prefix_lookups += len(keys)
+        self.prefix_hits += len(hits)
+        fresh = self._take_many(blocks_for(prompt_len, B) - len(hits))
+        for i, b in enumerate(fresh, start=len(hits)):
             filled[b] = min(B, prompt_len - i * B)
-        self._token_states += prompt_len
+            self._token_states += filled[b]
+            if i < len(keys):  # a full block with a known identity: index it (the cache holds a ref)
+                self._cached[keys[i]] = b
+                self._key_of[b] = keys[i]
+                pool.share(b)
+        blocks = hits + fresh
         for k, s in enumerate(seq_ids):
             if k:
                 for b in blocks:
-                    self.pool.share(b)
+                    pool.share(b)
             self._tables[s] = list(blocks)
             self._kv[s] = prompt_len
             self._final[s] = final_len
+        # Prefill must compute at least the last prompt token to sample the first output.
+        return min(len(hits) * B, prompt_len - 1)
 
     # --- growth and sharing ---------------------------------------------------------
     def try_append(self, seq_ids: Sequence[int]) -> bool:
@@ -82,7 +180,7 @@ class PagedAllocator(KVAllocator):
         for s in seq_ids:
             if kv[s] % B == 0 or rc[tables[s][-1]] > 1:
                 need += 1
-        if need > self.pool.num_free:
+        if need > self.pool.num_free + len(self._evictable):
             return False
         filled, pool = self._filled, self.pool
         for s in seq_ids:
@@ -90,17 +188,17 @@ class PagedAllocator(KVAllocator):
             off = n % B
             table = tables[s]
             if off == 0:
-                block = pool.allocate()
+                block = pool.allocate() if pool._free else self._take()
                 table.append(block)
             else:
                 block = table[-1]
                 if rc[block] > 1:  # copy-on-write: the partial block is shared
-                    copy = pool.allocate()
+                    copy = pool.allocate() if pool._free else self._take()
                     filled[copy] = off
                     self._token_states += off
                     pool.release(block)
                     table[-1] = block = copy
-                    self.cow_copies += 1
+                    self.copied_blocks += 1
             filled[block] = off + 1
             kv[s] = n + 1
         self._token_states += len(seq_ids)
@@ -125,13 +223,6 @@ class PagedAllocator(KVAllocator):
             self._release_gpu(table)
         del self._kv[seq_id], self._final[seq_id]
 
-    def _release_gpu(self, table: list[int]) -> None:
-        filled = self._filled
-        for b in table:
-            if self.pool.release(b):
-                self._token_states -= filled[b]
-                filled[b] = 0
-
     # --- swapping -------------------------------------------------------------------
     def _distinct_blocks(self, seq_ids: Sequence[int]) -> int:
         return len({b for s in seq_ids for b in self._tables[s]})
@@ -149,7 +240,7 @@ class PagedAllocator(KVAllocator):
         wm = watermark_slots // self.block_size
         if need > self.pool.num_blocks - wm:
             return Admission.NEVER
-        if self.pool.num_free - need < wm:
+        if self.num_free_blocks - need < wm:
             return Admission.NO_SPACE
         return Admission.OK
 
@@ -168,7 +259,7 @@ class PagedAllocator(KVAllocator):
             for i, b in enumerate(table):
                 new = mapping.get(b)
                 if new is None:
-                    new = mapping[b] = dst.allocate()
+                    new = mapping[b] = self._take() if to_gpu else dst.allocate()
                     dst_filled[new] = src_filled[b]
                     slots += src_filled[b]
                     if to_gpu:
@@ -176,36 +267,124 @@ class PagedAllocator(KVAllocator):
                 else:
                     dst.share(new)
                 table[i] = new
-                if src.release(b):
-                    if not to_gpu:
-                        self._token_states -= src_filled[b]
-                    src_filled[b] = 0
+                if to_gpu:
+                    if src.release(b):
+                        src_filled[b] = 0
+                else:
+                    self._release_gpu((b,))
         return SwapResult(blocks=len(mapping), slots=slots)
+
+    # --- runs of identical decode steps ------------------------------------------------
+    def max_advance(self, seq_ids: Sequence[int], limit: int) -> int:
+        """Largest k <= limit with enough free blocks for k more slots on every sequence.
+
+        Zero when a sequence's partly filled last block is shared (its next
+        append copies, so steps are not identical).
+        """
+        if limit <= 0 or not seq_ids:
+            return 0
+        B, rc, tables = self.block_size, self.pool._refcount, self._tables
+        kv = np.fromiter((self._kv[s] for s in seq_ids), np.int64, len(seq_ids))
+        for s, n in zip(seq_ids, kv.tolist()):
+            if n % B and rc[tables[s][-1]] > 1:
+                return 0
+        free = self.num_free_blocks
+        now = -(-kv // B)
+
+        def need(k: int) -> int:
+            return int((-(-(kv + k) // B) - now).sum())
+
+        if need(limit) <= free:
+            return limit
+        lo, hi = 0, limit  # need(lo) <= free < need(hi)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if need(mid) <= free:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def advance(self, seq_ids: Sequence[int], steps: int) -> UsageSeries:
+        B, n = self.block_size, len(seq_ids)
+        kv0 = np.fromiter((self._kv[s] for s in seq_ids), np.int64, n)
+        final = np.fromiter((self._final[s] for s in seq_ids), np.int64, n)
+        i = np.arange(1, steps + 1, dtype=np.int64)
+        kv = kv0[:, None] + i[None, :]  # sequences x steps
+        blocks = -(-kv // B)
+        reserved = np.maximum(np.minimum(blocks * B, final[:, None]) - kv, 0).sum(axis=0)
+        new_blocks = (blocks - (-(-kv0 // B))[:, None]).sum(axis=0)
+        used = self.pool.num_used - len(self._evictable) + new_blocks
+        token_states = self._token_states + n * i
+        # Apply: extend block tables, fill the blocks, bump lengths.
+        filled, tables, pool = self._filled, self._tables, self.pool
+        for s, k0, k1 in zip(seq_ids, kv0.tolist(), (kv0 + steps).tolist()):
+            table = tables[s]
+            if k0 % B:
+                filled[table[-1]] = min(B, k1 - (len(table) - 1) * B)
+            extra = -(-k1 // B) - len(table)
+            if extra:
+                start = len(table)
+                table.extend(self._take_many(extra))
+                for j in range(start, len(table)):
+                    filled[table[j]] = min(B, k1 - j * B)
+            self._kv[s] = k1
+        self._token_states += n * steps
+        others = self._reserved_outside(seq_ids)
+        reserved = reserved + others
+        unshared = self._unshared_outside(seq_ids) + blocks.sum(axis=0) * B
+        return UsageSeries(
+            token_states=token_states,
+            reserved=reserved,
+            internal_frag=used * B - token_states - reserved,
+            free=(self.pool.num_blocks - used) * B,
+            unshared=unshared,
+        )
+
+    def _unshared_outside(self, seq_ids: Sequence[int]) -> int:
+        inside = set(seq_ids)
+        return sum(len(t) for s, t in self._tables.items() if s not in inside and s not in self._swapped) * self.block_size
+
+    def _reserved_outside(self, seq_ids: Sequence[int]) -> int:
+        """Reserved slots of GPU-resident sequences not in ``seq_ids`` (constant over a run)."""
+        inside = set(seq_ids)
+        B, rc = self.block_size, self.pool._refcount
+        total = 0
+        for s, table in self._tables.items():
+            if s not in inside and table and s not in self._swapped and rc[table[-1]] == 1:
+                total += max(0, min(len(table) * B, self._final[s]) - self._kv[s])
+        return total
 
     # --- observation -----------------------------------------------------------------
     def kv_len(self, seq_id: int) -> int:
         return self._kv[seq_id]
 
     def free_slots(self) -> int:
-        return self.pool.num_free * self.block_size
+        return self.num_free_blocks * self.block_size
 
     def usage(self) -> MemoryUsage:
         B = self.block_size
         rc = self.pool._refcount
-        reserved = 0
+        reserved = unshared = 0
+        swapped, final, kv = self._swapped, self._final, self._kv
         for s, table in self._tables.items():
+            if s in swapped:
+                continue
+            unshared += len(table)
             # Only an exclusively held last block will be filled by this sequence itself.
-            if table and s not in self._swapped and rc[table[-1]] == 1:
-                ahead = min(len(table) * B, self._final[s]) - self._kv[s]
+            if table and rc[table[-1]] == 1 + (table[-1] in self._key_of):
+                ahead = min(len(table) * B, final[s]) - kv[s]
                 if ahead > 0:
                     reserved += ahead
-        allocated = self.pool.num_used * B
+        free = self.num_free_blocks * B
+        allocated = self.capacity - free
         return MemoryUsage(
             capacity=self.capacity,
             token_states=self._token_states,
             reserved=reserved,
             internal_frag=allocated - self._token_states - reserved,
-            free=self.pool.num_free * B,
+            free=free,
+            unshared=unshared * B,
         )
 
     def check(self) -> None:
@@ -217,11 +396,19 @@ class PagedAllocator(KVAllocator):
             refs = cpu_refs if s in self._swapped else gpu_refs
             for b in table:
                 refs[b] += 1
+        for key, b in self._cached.items():
+            assert self._key_of[b] == key, f"cache index of block {b} is inconsistent"
+            gpu_refs[b] += 1  # the cache's own reference
+        assert len(self._key_of) == len(self._cached)
+        for b in self._evictable:
+            assert b in self._key_of and self.pool.refcount(b) == 1, f"evictable block {b} is still held"
             assert blocks_for(self._kv[s], self.block_size) == len(table), f"seq {s}: table length"
         for b in range(self.pool.num_blocks):
             assert gpu_refs[b] == self.pool.refcount(b), f"GPU block {b}: refcount is not exact"
         for b in range(self.cpu_pool.num_blocks):
             assert cpu_refs[b] == self.cpu_pool.refcount(b), f"CPU block {b}: refcount is not exact"
-        in_use = sum(self._filled[b] for b in range(self.pool.num_blocks) if gpu_refs[b])
+        held = [gpu_refs[b] - (b in self._key_of) for b in range(self.pool.num_blocks)]
+        assert sum(1 for b, h in enumerate(held) if h == 0 and b in self._key_of) == len(self._evictable)
+        in_use = sum(self._filled[b] for b in range(self.pool.num_blocks) if held[b] > 0)
         assert in_use == self._token_states, "token_states drifted from the blocks' contents"
         self.usage().check()

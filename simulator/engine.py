@@ -7,17 +7,20 @@ Each replica's engine is a process that reads like the loop it simulates::
         yield env.timeout(cost(step))        # the GPU computes it
         scheduler.complete(step)             # every sequence gains a token
 
-When a replica has nothing to do it sleeps until the router wakes it.
+When a replica has nothing to do it sleeps until the router wakes it. Between
+events, a run of identical decode iterations is advanced at once (DESIGN.md
+"Performance principle"): same results, far fewer Python steps.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 import simpy
 
-from policies.kv_allocator import KVAllocator
+from policies.kv_allocator import KVAllocator, MemoryUsage
 from simulator.cost_model.base import CostModel
 from simulator.memory_classes import classify
 from simulator.metrics import StepLog, request_row
@@ -32,12 +35,13 @@ class SimulationStalled(RuntimeError):
 
 @dataclass
 class Replica:
-    """One model replica: a scheduler, its KV allocator and its cost model."""
+    """One model replica: a scheduler, its KV allocator, its cost model and its host link."""
 
     index: int
     scheduler: Scheduler
     cost: CostModel
-    _wake: simpy.Event | None = None
+    pcie: simpy.Resource | None = None  # the GPU<->CPU link, when swaps overlap compute
+    _wake: simpy.Event | None = field(default=None, repr=False)
     outstanding_tokens: int = 0  # prompt + output tokens of requests not yet ended
 
     def wake(self) -> None:
@@ -62,7 +66,11 @@ class Router:
 
 
 class Simulation:
-    """Wires the trace, router and replicas into one SimPy environment and runs it."""
+    """Wires the trace, router and replicas into one SimPy environment and runs it.
+
+    ``overlap_swap``: swaps run on the replica's PCIe link (a SimPy resource) while
+    the GPU computes, so a step lasts max(compute, transfer) instead of their sum.
+    """
 
     def __init__(
         self,
@@ -72,6 +80,9 @@ class Simulation:
         limits: SchedulerLimits,
         num_replicas: int = 1,
         router: str = "round_robin",
+        macro_steps: bool = True,
+        max_run: int = 1024,
+        overlap_swap: bool = False,
     ):
         self.env = simpy.Environment()
         self.requests = requests
@@ -80,10 +91,13 @@ class Simulation:
         self.replicas: list[Replica] = []
         for i in range(num_replicas):
             sched = Scheduler(make_allocator(), limits, on_terminal=self._on_terminal(i))
-            self.replicas.append(Replica(i, sched, make_cost()))
+            pcie = simpy.Resource(self.env, capacity=1) if overlap_swap else None
+            self.replicas.append(Replica(i, sched, make_cost(), pcie))
         self.router = Router(self.replicas, router)
         self.arrivals_done = False
-        self.num_arrived = 0
+        self.next_arrival = float("inf")  # arrival time of the next request not yet dispatched (s)
+        self.macro_steps = macro_steps  # advance runs of identical decode steps in closed form
+        self.max_run = max_run  # at most this many iterations per run (bounds numpy work per run)
 
     def _on_terminal(self, replica: int) -> Callable[[SequenceGroup], None]:
         def record(g: SequenceGroup) -> None:
@@ -95,15 +109,16 @@ class Simulation:
     def _arrivals(self):
         env = self.env
         for request in self.requests:
+            self.next_arrival = request.arrival_time
             delay = request.arrival_time - env.now
             if delay > 0:
                 yield env.timeout(delay)
             replica = self.router.pick(request)
             replica.outstanding_tokens += request.prompt_tokens + request.output_tokens
-            self.num_arrived += 1
             replica.scheduler.add(request, env.now)
             replica.wake()
         self.arrivals_done = True
+        self.next_arrival = float("inf")
         for r in self.replicas:
             r.wake()
 
@@ -120,30 +135,90 @@ class Simulation:
                 yield replica._wake
                 replica._wake = None
                 continue
-            duration = self._duration(step, cost)
             start = env.now
-            self._record(replica, step, start, duration)
-            yield env.timeout(duration)
+            compute = cost.step_time(step.shape) + cost.copy_time(step.cow_copies)
+            swap = cost.swap_time(step.swap_out_blocks, step.swap_out_slots) + cost.swap_time(
+                step.swap_in_blocks, step.swap_in_slots)
+            extra = sched.run_length(step, self.max_run) if self.macro_steps else 0
+            if extra:  # swap is 0 here: runs never preempt or swap in
+                durations = self._run_durations(step, cost, extra, start + compute, bool(sched.waiting))
+                self._record_run(replica, step, start, compute, durations)
+                yield env.timeout(compute + float(durations.sum()))
+                sched.complete(step, env.now, durations)
+                continue
+            state = self._state(replica, sched.alloc.usage())
+            if swap and replica.pcie is not None:
+                yield env.all_of([env.timeout(compute), env.process(self._transfer(replica, swap))])
+            else:
+                yield env.timeout(compute + swap)
+            self._record(replica, step, start, env.now - start, 1, state, swap)
             sched.complete(step, env.now)
 
-    @staticmethod
-    def _duration(step: Step, cost: CostModel) -> float:
-        t = cost.step_time(step.shape)
-        if step.swap_out_blocks or step.swap_in_blocks:
-            t += cost.swap_time(step.swap_out_blocks) + cost.swap_time(step.swap_in_blocks)
-        if step.cow_copies:
-            t += cost.copy_time(step.cow_copies)
-        return t
+    def _transfer(self, replica: Replica, seconds: float):
+        """Hold the replica's PCIe link for one step's swap traffic."""
+        with replica.pcie.request() as link:
+            yield link
+            yield self.env.timeout(seconds)
 
-    def _record(self, replica: Replica, step: Step, start: float, duration: float) -> None:
+    def _run_durations(self, step: Step, cost: CostModel, extra: int, first_end: float, waiting: bool) -> np.ndarray:
+        """Durations of up to ``extra`` decode iterations after ``step`` (closed form).
+
+        Context grows by one token per sequence per iteration, so iteration i lasts
+        ``a + b * (C0 + n * i)``. With nothing waiting, an arrival may be admitted at
+        the next step boundary, so the run stops at the first boundary at or after it.
+        """
+        n, c0 = step.shape.decode_seqs, step.shape.decode_context
+        a, b = cost.decode_coefficients(n)
+        durations = a + b * (c0 + n * np.arange(1, extra + 1, dtype=np.float64))
+        if not waiting and self.next_arrival < float("inf"):
+            if first_end >= self.next_arrival:
+                return durations[:0]
+            ends = first_end + np.cumsum(durations)
+            stop = int(np.searchsorted(ends, self.next_arrival, side="left")) + 1
+            durations = durations[:stop]
+        return durations
+
+    # --- records --------------------------------------------------------------------
+    @staticmethod
+    def _state(replica: Replica, usage: MemoryUsage) -> tuple:
+        """Memory classes and queue lengths as the step starts (what the step is weighted by)."""
         sched = replica.scheduler
-        mem = classify(sched.alloc.usage(), bool(sched.waiting), sched.blocked)
+        mem = classify(usage, bool(sched.waiting), sched.blocked)
+        unshared = usage.unshared or (usage.capacity - usage.free)
+        return (len(sched.waiting), len(sched.swapped), *mem.as_tuple(), unshared)
+
+    def _record(self, replica: Replica, step: Step, start: float, duration: float, iterations: int,
+                state: tuple, swap_s: float = 0.0) -> None:
         shape = step.shape
-        self.steps.append(
-            replica.index, start, duration, 1, shape.prefill_tokens, shape.decode_seqs, step.num_groups,
-            step.preempted, step.swap_out_blocks, step.swap_in_blocks, step.cow_copies,
-            len(sched.waiting), len(sched.swapped), mem,
+        self.steps.append((
+            replica.index, start, duration, iterations, shape.prefill_tokens, step.recompute_tokens,
+            step.cached_tokens, shape.decode_seqs * iterations, step.num_groups, step.preempted_swap,
+            step.preempted_recompute, step.aborted, step.swap_out_blocks, step.swap_in_blocks,
+            step.swap_out_slots, step.swap_in_slots, swap_s, step.cow_copies, *state,
+        ))
+
+    def _record_run(self, replica: Replica, step: Step, start: float, d0: float, durations: np.ndarray) -> None:
+        """One row for a run of identical decode iterations; memory classes are its
+        duration-weighted means, so time-weighted summaries stay exact."""
+        first = replica.scheduler.alloc.usage()
+        series = replica.scheduler.advance(step, len(durations))
+        total = d0 + float(durations.sum())
+
+        def mean(v0: float, v: np.ndarray) -> float:
+            return (v0 * d0 + float(np.dot(v, durations))) / total
+
+        allocated = series.token_states + series.reserved + series.internal_frag
+        unshared = series.unshared if series.unshared is not None else allocated
+        first_unshared = first.unshared or (first.capacity - first.free)
+        usage = MemoryUsage(
+            capacity=first.capacity,
+            token_states=mean(first.token_states, series.token_states),
+            reserved=mean(first.reserved, series.reserved),
+            internal_frag=mean(first.internal_frag, series.internal_frag),
+            free=mean(first.free, series.free),
+            unshared=mean(first_unshared, unshared),
         )
+        self._record(replica, step, start, total, 1 + len(durations), self._state(replica, usage))
 
     def _stall_message(self, replica: Replica) -> str:
         s = replica.scheduler

@@ -17,6 +17,7 @@ from simulator.config import ExperimentConfig
 from simulator.cost_model.base import CostModel
 from simulator.cost_model.roofline import RooflineCostModel, RooflineParams
 from simulator.engine import Simulation
+from simulator.latency_histogram import LatencyHistogram
 from simulator.metrics import request_frame, summarize
 from simulator.scheduler import SchedulerLimits
 from simulator.workload import build_requests
@@ -94,12 +95,11 @@ def run_experiment(cfg: ExperimentConfig, base_dir: Path = Path("."),
     sim.run()
     req_df = request_frame(sim.request_rows)
     steps = sim.steps.frame()
-    gaps: dict[float, int] = {}
+    itl = LatencyHistogram()
     for r in sim.replicas:
-        for gap, n in r.scheduler.itl_gaps.items():
-            gaps[gap] = gaps.get(gap, 0) + n
+        itl.merge(r.scheduler.itl)
     capacity = sim.replicas[0].scheduler.alloc.capacity
-    summary = summarize(req_df, steps, gaps, capacity, cfg.metrics.slo_ttft_ms, cfg.metrics.slo_tpot_ms)
+    summary = summarize(req_df, steps, itl, capacity, cfg.metrics.slo_ttft_ms, cfg.metrics.slo_tpot_ms)
     summary["kv_capacity_slots"] = capacity
     wall = time.perf_counter() - t0
     return RunResult(cfg, summary, req_df, steps, wall)

@@ -25,8 +25,12 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from policies.kv_allocator import Admission, KVAllocator
 from simulator.cost_model.base import BatchShape, causal_attention_pairs
+from simulator.decoding import beam_parent_counts, prefix_contents, sample_targets
+from simulator.latency_histogram import LatencyHistogram
 from simulator.sequence import SequenceGroup, Status
 from traces import Request
 
@@ -42,6 +46,9 @@ class SchedulerLimits:
     request_level_batching: bool = False
     preemption: str = "recompute"  # recompute | swap | auto
     swap_fallback: str = "recompute"  # when the CPU swap pool is full: recompute | abort
+    sample_lengths: str = "same"  # parallel samples: same | independent (see decoding.sample_targets)
+    beam_concentration: float = 1.0  # beam search parent choice, 0 = uniform (decoding.beam_parent_counts)
+    seed: int = 0
 
 
 @dataclass(slots=True)
@@ -51,14 +58,24 @@ class Step:
     prefill: list[SequenceGroup] = field(default_factory=list)
     decode: list[SequenceGroup] = field(default_factory=list)
     shape: BatchShape = field(default_factory=BatchShape)
-    preempted: int = 0
-    swap_out_blocks: int = 0
+    preempted_swap: int = 0  # groups swapped out this step
+    preempted_recompute: int = 0  # groups dropped for recomputation this step
+    aborted: int = 0  # groups aborted because swap space ran out
+    recompute_tokens: int = 0  # prefill tokens that recompute preempted work
+    cached_tokens: int = 0  # prompt tokens served by the prefix cache
+    swap_out_blocks: int = 0  # transfers per layer and K/V: blocks (paged) or regions (contiguous)
     swap_in_blocks: int = 0
-    cow_copies: int = 0
+    swap_out_slots: int = 0  # token slots moved
+    swap_in_slots: int = 0
+    cow_copies: int = 0  # blocks copied on the GPU (copy-on-write, contiguous forks)
 
     @property
     def empty(self) -> bool:
         return not self.prefill and not self.decode
+
+    @property
+    def preempted(self) -> int:
+        return self.preempted_swap + self.preempted_recompute + self.aborted
 
     @property
     def num_groups(self) -> int:
@@ -80,7 +97,9 @@ class Scheduler:
         self.blocked: Admission | str | None = None
         self._next_seq = 0
         self.now = 0.0
-        self.itl_gaps: dict[float, int] = {}  # token gap (s) -> count, merged per step
+        self.itl = LatencyHistogram()  # gaps between consecutive tokens of a sequence (s)
+        self.rng = np.random.default_rng(limits.seed)
+        self._shares_prefixes = bool(getattr(allocator, "prefix_caching", False))
 
     # --- arrivals --------------------------------------------------------------
     def add(self, request: Request, now: float) -> SequenceGroup:
@@ -88,17 +107,23 @@ class Scheduler:
         k = request.num_seqs
         seq_ids = list(range(self._next_seq, self._next_seq + k))
         self._next_seq += k
+        limit = self.limits.max_seq_len
+        outputs = (sample_targets(request, self.limits.sample_lengths, self.rng, limit)
+                   if request.beam_width == 1 else [request.output_tokens] * k)
         group = SequenceGroup(
             request=request,
             seq_ids=seq_ids,
-            targets={s: request.output_tokens for s in seq_ids},
+            targets=dict(zip(seq_ids, outputs)),
             prompt_len=request.prompt_tokens,
+            total_output_tokens=sum(outputs),
+            beam_width=request.beam_width,
         )
-        limit = self.limits.max_seq_len
+        if self._shares_prefixes:
+            group.prefix = prefix_contents(request, self.alloc.block_size)
         if request.prompt_tokens > limit:
             self._end(group, Status.REJECTED, f"prompt of {request.prompt_tokens} tokens exceeds max_seq_len {limit}")
-        elif request.prompt_tokens + request.output_tokens > limit:
-            total = request.prompt_tokens + request.output_tokens
+        elif request.prompt_tokens + group.max_output > limit:
+            total = request.prompt_tokens + group.max_output
             self._end(group, Status.REJECTED, f"prompt + output = {total} tokens exceeds max_seq_len {limit}")
         else:
             self.waiting.append(group)
@@ -129,7 +154,7 @@ class Scheduler:
         while self.waiting:
             g = self.waiting[0]
             final = g.max_final_len
-            verdict = alloc.check_admit(g.prompt_len, final, g.num_live, self.watermark_slots)
+            verdict = alloc.check_admit(g.prompt_len, final, g.num_live, self.watermark_slots, g.prefix)
             if verdict is Admission.NEVER:
                 self.waiting.popleft()
                 self._end(g, Status.REJECTED, f"needs more KV slots than the whole cache ({alloc.capacity})")
@@ -141,11 +166,16 @@ class Scheduler:
                 self.blocked = "limits"
                 return
             self.waiting.popleft()
-            alloc.admit(g.seq_ids, g.prompt_len, final)
+            cached = alloc.admit(g.seq_ids, g.prompt_len, final, g.prefix)
+            g.cached_tokens = cached
+            step.cached_tokens += cached
+            if g.recomputing:
+                step.recompute_tokens += g.prompt_len - cached
+                g.recomputing = False
             seqs += g.num_live
             shape.prefill_seqs += 1
-            shape.prefill_tokens += g.prompt_len
-            shape.prefill_attn_pairs += causal_attention_pairs(g.prompt_len)
+            shape.prefill_tokens += g.prompt_len - cached
+            shape.prefill_attn_pairs += causal_attention_pairs(g.prompt_len - cached, cached)
             self._start_running(g)
             step.prefill.append(g)
 
@@ -157,7 +187,10 @@ class Scheduler:
 
     def _decode(self, step: Step) -> None:
         alloc = self.alloc
-        cow_before = getattr(alloc, "cow_copies", 0)
+        copies_before = alloc.copied_blocks
+        for g in self.running:
+            if g.beam_width > 1 and g.generated >= 1:
+                self._choose_beams(g)
         queue = deque(self.running)
         kept: list[SequenceGroup] = []
         while queue:
@@ -178,7 +211,29 @@ class Scheduler:
             for s in g.seq_ids:
                 shape.decode_context += alloc.kv_len(s)
         step.decode = list(self.running)
-        step.cow_copies = getattr(alloc, "cow_copies", 0) - cow_before
+        step.cow_copies = alloc.copied_blocks - copies_before
+
+    def _choose_beams(self, g: SequenceGroup) -> None:
+        """Beam search: the next beams descend from the current ones (best first); dead
+        beams free their memory first, then survivors chosen m times fork m - 1 times."""
+        parents = list(g.seq_ids)
+        counts = beam_parent_counts(len(parents), self.limits.beam_concentration, self.rng)
+        target = g.targets[parents[0]]
+        for s, m in zip(parents, counts):
+            if m == 0:
+                self.alloc.free(s)
+                del g.targets[s]
+        beams: list[int] = []
+        for s, m in zip(parents, counts):
+            if m:
+                beams.append(s)
+            for _ in range(m - 1):
+                child = self._next_seq
+                self._next_seq += 1
+                self.alloc.fork(s, child, g.request.prompt_tokens + target - 1)
+                g.targets[child] = target
+                beams.append(child)
+        g.seq_ids = beams
 
     def _swap_in(self, step: Step) -> None:
         alloc = self.alloc
@@ -201,6 +256,7 @@ class Scheduler:
             moved = alloc.swap_in(g.seq_ids)
             g.swapped_in_blocks += moved.blocks
             step.swap_in_blocks += moved.blocks
+            step.swap_in_slots += self._moved_slots(moved)
             appended = alloc.try_append(g.seq_ids)
             assert appended, "swap-in left no room for the next token"
             seqs += g.num_live
@@ -208,7 +264,6 @@ class Scheduler:
 
     # --- preemption -----------------------------------------------------------------
     def _preempt(self, g: SequenceGroup, step: Step) -> None:
-        step.preempted += 1
         g.preemptions += 1
         mode = self.limits.preemption
         if mode == "auto":
@@ -218,14 +273,23 @@ class Scheduler:
                 moved = self.alloc.swap_out(g.seq_ids)
                 g.swapped_out_blocks += moved.blocks
                 step.swap_out_blocks += moved.blocks
+                step.swap_out_slots += self._moved_slots(moved)
                 g.status = Status.SWAPPED
                 self.swapped.append(g)
+                step.preempted_swap += 1
                 return
             if self.limits.swap_fallback == "abort":
                 self._free_all(g)
                 self._end(g, Status.ABORTED, "CPU swap space exhausted")
+                step.aborted += 1
                 return
         self._recompute(g)
+        step.preempted_recompute += 1
+
+    def _moved_slots(self, moved) -> int:
+        """Slots a swap transfers: whole blocks for paged, the used span for contiguous."""
+        B = self.alloc.block_size
+        return moved.blocks * B if B > 1 else moved.slots
 
     def _recompute(self, g: SequenceGroup) -> None:
         """Drop the group's KV; it will prefill prompt + generated tokens again."""
@@ -233,25 +297,58 @@ class Scheduler:
             g.recomputed_tokens += self.alloc.kv_len(s)
             self.alloc.free(s)
         g.prompt_len = g.request.prompt_tokens + g.generated
+        g.recomputing = True
         g.status = Status.WAITING
         self.waiting.appendleft(g)
 
+    # --- runs of identical decode steps (DESIGN.md "Performance principle") ---------------
+    def run_length(self, step: Step, limit: int) -> int:
+        """How many more decode iterations identical to ``step`` are certain to follow.
+
+        Identical means: no admission can happen (nothing waits, or the head of the
+        queue is blocked and memory only shrinks while decoding), no sequence finishes
+        before the last of them, and every append fits without preemption or copy.
+        Arrivals are the engine's business (it knows when the next one comes).
+        """
+        if step.prefill or not step.decode or step.preempted or step.swap_in_blocks or step.cow_copies:
+            return 0
+        if any(g.beam_width > 1 for g in step.decode):
+            return 0
+        seqs: list[int] = []
+        fewest = limit
+        for g in step.decode:
+            left = min(g.targets[s] for s in g.seq_ids) - g.generated - 1
+            if left < fewest:
+                fewest = left
+            seqs.extend(g.seq_ids)
+        if fewest <= 0:
+            return 0
+        return self.alloc.max_advance(seqs, fewest)
+
+    def advance(self, step: Step, extra: int):
+        """Apply ``extra`` more decode iterations of ``step`` to memory; return the usage series."""
+        return self.alloc.advance([s for g in step.decode for s in g.seq_ids], extra)
+
     # --- after the step ----------------------------------------------------------------
-    def complete(self, step: Step, now: float) -> None:
-        """Every scheduled sequence gained one token; finished sequences free their memory."""
-        gaps = self.itl_gaps
+    def complete(self, step: Step, now: float, extra_durations: np.ndarray | None = None) -> None:
+        """Every scheduled sequence gained one token (or one per iteration of a run of
+        ``1 + len(extra_durations)`` identical decode steps); finished sequences free memory."""
+        itl = self.itl
+        extra = 0 if extra_durations is None else len(extra_durations)
+        first_end = now - (float(extra_durations.sum()) if extra else 0.0)
         any_done = False
         for groups in (step.prefill, step.decode):
             for g in groups:
-                g.generated += 1
+                g.generated += 1 + extra
                 if g.first_token is None:
-                    g.first_token = now
+                    g.first_token = first_end
                 else:
-                    gap = now - g.last_token
-                    gaps[gap] = gaps.get(gap, 0) + g.num_live
+                    itl.add(first_end - g.last_token, g.num_live)
                 g.last_token = now
                 if g.generated >= min(g.targets[s] for s in g.seq_ids):
                     any_done |= self._retire_done(g, now)
+        if extra:
+            itl.add_many(extra_durations, step.shape.decode_seqs)
         if any_done:
             self.running = [g for g in self.running if g.status is Status.RUNNING]
 

@@ -46,6 +46,11 @@ class SequenceGroup:
     swapped_in_blocks: int = 0
     reason: str | None = None  # why rejected or aborted
     finished_seqs: list[int] = field(default_factory=list)
+    prefix: list = field(default_factory=list)  # contents of shareable leading prompt blocks
+    cached_tokens: int = 0  # prompt tokens found in the prefix cache at the last prefill
+    total_output_tokens: int = 0  # output tokens over all samples / beams (sum of targets)
+    beam_width: int = 1  # > 1: beams are re-chosen every step
+    recomputing: bool = False  # preempted by recomputation and not yet prefilled again
 
     @property
     def arrival(self) -> float:
@@ -62,6 +67,10 @@ class SequenceGroup:
     def final_len(self, seq_id: int) -> int:
         """KV tokens the sequence will hold at its end: prompt + output - 1 (the last token's KV is never written)."""
         return self.request.prompt_tokens + self.targets[seq_id] - 1
+
+    @property
+    def max_output(self) -> int:
+        return max(self.targets.values())
 
     @property
     def max_final_len(self) -> int:

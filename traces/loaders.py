@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import itertools
 import json
 import math
 import warnings
@@ -42,7 +43,6 @@ from traces.fields import (
 )
 from traces.formats import (
     AZURE,
-    LENGTHS,
     MOONCAKE,
     NAMED_FORMATS,
     VIDUR,
@@ -213,7 +213,7 @@ def _first_disorder(path: Path, fmt: TraceFormat) -> tuple[int, int] | None:
             if time < previous:
                 return line, previous_line
             previous, previous_line = time, line
-    except (CellError, TraceError):
+    except (CellError, TraceError, csv.Error):
         return None
     return None
 
@@ -226,13 +226,24 @@ def _times(path: Path, fmt: TraceFormat, parse_time) -> Iterator[tuple[int, floa
 
 
 def _csv_times(path: Path, fmt: TraceFormat, parse_time) -> Iterator[tuple[int, float]]:
+    # Plain str.split is ~2x faster than csv.reader; it is exact until a quote
+    # character appears, from where csv.reader takes over.
     with open(path, newline="", encoding="utf-8-sig", errors="replace") as f:
         reader, index, width = _csv_header(path, f, fmt.columns)
         column = index[0]
-        for row in reader:
-            if len(row) == width:
-                yield reader.line_num, parse_time(row[column])
-            elif not _is_blank(row):
+        for line_no, text in enumerate(f, reader.line_num + 1):
+            if '"' in text:
+                quoted = csv.reader(itertools.chain([text], f))
+                for row in quoted:
+                    if len(row) == width:
+                        yield line_no - 1 + quoted.line_num, parse_time(row[column])
+                    elif not _is_blank(row):
+                        return
+                return
+            cells = text.split(",")
+            if len(cells) == width:
+                yield line_no, parse_time(cells[column])
+            elif text.strip():
                 return
 
 
@@ -267,12 +278,12 @@ def _csv_records(path: Path, fmt: TraceFormat) -> Iterator[_Record]:
                 rows += 1
                 try:
                     prompt, output = int(row[pi]), int(row[oi])
-                    if numeric_scale is not None:
-                        time = float(row[ti]) * numeric_scale
-                    elif timed:
-                        time = parse_time(row[ti])
-                    else:
+                    if not timed:
                         time = 0.0
+                    elif numeric_scale is not None:
+                        time = float(row[ti]) * numeric_scale
+                    else:
+                        time = parse_time(row[ti])
                     fast = prompt >= 1 and output >= 1 and 0.0 <= time < math.inf
                 except (ValueError, CellError):
                     fast = False
@@ -280,7 +291,8 @@ def _csv_records(path: Path, fmt: TraceFormat) -> Iterator[_Record]:
                     yield reader.line_num, time, prompt, output, None
                 else:
                     cells = tuple(row[i] for i in index)
-                    yield (reader.line_num, *_checked(path, reader.line_num, fmt, cells))
+                    checked = _checked(path, reader.line_num, fmt, cells, parse_time)
+                    yield (reader.line_num, *checked)
         except csv.Error as e:
             raise TraceError(path, reader.line_num, f"malformed CSV: {e}") from None
         if rows == 0:
@@ -288,16 +300,18 @@ def _csv_records(path: Path, fmt: TraceFormat) -> Iterator[_Record]:
 
 
 def _jsonl_records(path: Path, fmt: TraceFormat) -> Iterator[_Record]:
+    parse_time = time_parser(fmt.time_unit, fmt.arrival_time) if fmt.arrival_time else None
     for line, cells in _jsonl_cells(path, fmt.columns):
-        yield (line, *_checked(path, line, fmt, cells))
+        yield (line, *_checked(path, line, fmt, cells, parse_time))
 
 
-def _checked(path: Path, line: int, fmt: TraceFormat, cells: tuple):
+def _checked(path: Path, line: int, fmt: TraceFormat, cells: tuple, parse_time):
     """(time, prompt, output, hash ids) of one row, every cell validated; the cells
-    are in the order of ``fmt.columns``."""
-    timed = fmt.arrival_time is not None
+    are in the order of ``fmt.columns``. ``parse_time`` is the file's one time
+    parser (a wall-clock parser measures from the file's first date)."""
+    timed = parse_time is not None
     try:
-        time = time_parser(fmt.time_unit, fmt.arrival_time)(cells[0]) if timed else 0.0
+        time = parse_time(cells[0]) if timed else 0.0
         prompt = parse_tokens(cells[timed], fmt.prompt_tokens)
         output = parse_tokens(cells[timed + 1], fmt.output_tokens)
         ids = None
@@ -354,9 +368,7 @@ def _jsonl_cells(path: Path, columns: tuple[str, ...]) -> Iterator[tuple[int, tu
                     continue  # blank line
                 raise TraceError(path, line_no, f"not valid JSON: {e}") from None
             if type(obj) is not dict:
-                raise TraceError(
-                    path, line_no, f"expected a JSON object, got {type(obj).__name__}"
-                )
+                raise TraceError(path, line_no, f"expected a JSON object, got {type(obj).__name__}")
             try:
                 cells = pick(obj)
             except KeyError:
@@ -370,7 +382,9 @@ def _jsonl_cells(path: Path, columns: tuple[str, ...]) -> Iterator[tuple[int, tu
             rows += 1
             yield line_no, cells
     if rows == 0:
-        raise TraceError(path, None, f"file is empty (expected JSON objects with {_names(columns)})")
+        raise TraceError(
+            path, None, f"file is empty (expected JSON objects with {_names(columns)})"
+        )
 
 
 def _names(names) -> str:

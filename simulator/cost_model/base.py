@@ -57,8 +57,13 @@ class CostModel(ABC):
         """
 
     @abstractmethod
-    def swap_time(self, num_blocks: int) -> float:
-        """Seconds to move ``num_blocks`` KV blocks across the host link (one direction)."""
+    def swap_time(self, num_blocks: int, num_slots: int | None = None) -> float:
+        """Seconds to move KV across the host link (one direction).
+
+        ``num_blocks`` contiguous chunks (paged blocks, or contiguous regions) holding
+        ``num_slots`` token slots in all (default: ``num_blocks * block_size``). Each
+        chunk is copied per layer, K and V separately, unless transfers are batched.
+        """
 
     @abstractmethod
     def copy_time(self, num_blocks: int) -> float:

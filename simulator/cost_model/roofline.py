@@ -89,8 +89,7 @@ class RooflineCostModel(CostModel):
             self._allreduce_fixed_s = 2 * m.num_layers * p.allreduce_latency_s
         else:
             self._allreduce_token_s = self._allreduce_fixed_s = 0.0
-        # One block's K or V in one layer, on one GPU's shard.
-        self._block_layer_bytes = block_size * m.kv_bytes_per_token / (2 * m.num_layers) / tp
+        self._block_bytes = block_size * m.kv_bytes_per_token / tp  # one block, all layers, one GPU
         self._bw = bw
 
     # --- parts (seconds) ----------------------------------------------------------
@@ -118,18 +117,18 @@ class RooflineCostModel(CostModel):
         )
         return a, self._decode_token_s
 
-    def swap_time(self, num_blocks: int) -> float:
+    def swap_time(self, num_blocks: int, num_slots: int | None = None) -> float:
         """Per block, per layer, K and V separately (as engines store them), unless batched."""
         if num_blocks <= 0:
             return 0.0
+        slots = num_blocks * self.block_size if num_slots is None else num_slots
         layers = self.model.num_layers
         transfers = 2 * layers * (1 if self.params.swap_batched else num_blocks)
-        nbytes = 2 * layers * num_blocks * self._block_layer_bytes
+        nbytes = slots * self.model.kv_bytes_per_token / self.tp
         return transfers * self.link.latency + nbytes / self.link.bandwidth
 
     def copy_time(self, num_blocks: int) -> float:
         """A copy reads and writes each byte once, in one kernel launch."""
         if num_blocks <= 0:
             return 0.0
-        nbytes = 2 * self.model.num_layers * num_blocks * self._block_layer_bytes
-        return 10e-6 + 2 * nbytes / self._bw
+        return 10e-6 + 2 * num_blocks * self._block_bytes / self._bw

@@ -54,8 +54,11 @@ def test_reservation_rejects_bad_input_by_name():
 
 def test_presets():
     assert set(CONTIGUOUS_PRESETS) == {"orca-max", "orca-pow2", "orca-oracle", "fastertransformer"}
-    for name in ("orca-max", "orca-pow2", "orca-oracle"):
+    for name in ("orca-max", "orca-pow2"):
         assert CONTIGUOUS_PRESETS[name].placement == "buddy"  # Orca uses a buddy allocator
+    # Oracle on a buddy that hands the rounded-up tail back: otherwise it equals Pow2.
+    assert CONTIGUOUS_PRESETS["orca-oracle"].placement == "buddy_exact"
+    for name in ("orca-max", "orca-pow2", "orca-oracle"):
         assert not CONTIGUOUS_PRESETS[name].request_level_batching
     ft = contiguous_preset("fastertransformer")
     assert ft.reservation == "max" and ft.request_level_batching
@@ -211,11 +214,13 @@ def test_swap_out_and_in():
     alloc = ContiguousAllocator(1000, "first_fit", "oracle", 1000, swap_capacity_slots=150)
     alloc.admit([0], 100, 200)
     alloc.admit([1], 100, 200)
+    alloc.admit([2], 50, 60)
     assert alloc.can_swap_out([0]) and not alloc.can_swap_out([0, 1])  # 200 > 150
     assert alloc.swap_out([0]) == SwapResult(blocks=1, slots=100)
-    assert alloc.free_slots() == 800 and alloc.swap_used_slots == 100
+    assert alloc.free_slots() == 740 and alloc.swap_used_slots == 100
     assert alloc.kv_len(0) == 100
     assert not alloc.can_swap_out([1])  # 100 + 100 > 150
+    assert alloc.can_swap_out([2])  # 100 + 50 fills the swap space exactly
     assert alloc.check_swap_in([0], 0) is Admission.OK
     assert alloc.check_swap_in([0], 701) is Admission.NO_SPACE
     assert alloc.swap_in([0]) == SwapResult(blocks=1, slots=100)

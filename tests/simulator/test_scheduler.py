@@ -1,5 +1,6 @@
 """The scheduler follows vLLM v0's rules (DESIGN.md "Engine and scheduler")."""
 
+import numpy as np
 import pytest
 
 from policies.paged_allocator import PagedAllocator
@@ -99,13 +100,13 @@ def test_every_request_ends_and_finished_ones_generate_their_output(simulate):
     assert df.loc[df.request_id == 120, "status"].item() == "rejected"
     done = df[df.status == "finished"]
     assert (done["generated_tokens"] == done["output_tokens"]).all()
-    assert steps["preempted"].sum() > 0, "this load must force preemption"
+    assert steps["preempted_recompute"].sum() > 0, "this load must force preemption"
     # Every token comes from one step: prefill (or re-prefill) emits one, each decode one more.
     prefill = steps["prefill_tokens"] > 0
-    emitted = steps["decode_seqs"].sum() + steps.loc[prefill, "batched_requests"].sum()
+    emitted = steps["decode_tokens"].sum() + steps.loc[prefill, "batched_requests"].sum()
     assert emitted == df["generated_tokens"].sum() == done["output_tokens"].sum()
     total = steps[list(CLASSES)].sum(axis=1)
-    assert (total == 60 * 16).all(), "memory classes must sum to capacity at every step"
+    assert np.allclose(total, 60 * 16), "memory classes must sum to capacity at every step"
 
 
 def test_same_input_gives_identical_results(simulate):

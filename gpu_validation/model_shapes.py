@@ -1,0 +1,91 @@
+"""The matrix shapes of the catalogue models' linear layers, as the benchmark times them.
+
+Plain Python (no torch): the simulator's calibrated cost model asks the same function
+which GEMMs a layer runs, so the shapes it looks up are exactly the shapes measured.
+
+``gpu_validation`` may not import ``simulator``, so the model list below repeats the
+published configs that ``simulator/cost_model/catalogue.py`` also holds (a test checks
+that the two agree).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Transformer dimensions from each model's published Hugging Face config."""
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    ffn_size: int
+    vocab_size: int
+    gated_ffn: bool  # SwiGLU: gate and up projections (fused), then down
+
+
+# facebook/opt-*, huggyllama/llama-13b, meta-llama/Llama-2-*, Meta-Llama-3-* configs.
+MODEL_SHAPES = {
+    "opt-13b": ModelShape("OPT-13B", 40, 5120, 40, 40, 20480, 50272, False),
+    "opt-66b": ModelShape("OPT-66B", 64, 9216, 72, 72, 36864, 50272, False),
+    "opt-175b": ModelShape("OPT-175B", 96, 12288, 96, 96, 49152, 50272, False),
+    "llama-13b": ModelShape("LLaMA-13B", 40, 5120, 40, 40, 13824, 32000, True),
+    "llama-2-7b": ModelShape("Llama-2-7B", 32, 4096, 32, 32, 11008, 32000, True),
+    "llama-2-13b": ModelShape("Llama-2-13B", 40, 5120, 40, 40, 13824, 32000, True),
+    "llama-2-70b": ModelShape("Llama-2-70B", 80, 8192, 64, 8, 28672, 32000, True),
+    "llama-3-8b": ModelShape("Llama-3-8B", 32, 4096, 32, 8, 14336, 128256, True),
+    "llama-3-70b": ModelShape("Llama-3-70B", 80, 8192, 64, 8, 28672, 128256, True),
+}
+
+TENSOR_PARALLEL_DEGREES = (1, 2, 4, 8)
+
+
+def layer_gemms(
+    hidden_size: int,
+    num_heads: int,
+    num_kv_heads: int,
+    ffn_size: int,
+    gated_ffn: bool,
+    tp: int = 1,
+) -> list[tuple[int, int]]:
+    """``(n, k)`` of each GEMM one decoder layer runs on one of ``tp`` GPUs (Megatron split).
+
+    ``y[m, n] = x[m, k] @ w[k, n]`` with ``m`` the tokens of the step. Column-parallel
+    layers (fused QKV, fused gate+up) split ``n``; row-parallel ones (output projection,
+    down projection) split ``k``. Heads that do not divide evenly round up (KV heads are
+    replicated when ``tp`` exceeds them).
+    """
+    head_dim = hidden_size // num_heads
+    q_heads = math.ceil(num_heads / tp)
+    kv_heads = math.ceil(num_kv_heads / tp)
+    ffn = math.ceil(ffn_size / tp)
+    return [
+        ((q_heads + 2 * kv_heads) * head_dim, hidden_size),  # fused QKV projection
+        (hidden_size, q_heads * head_dim),  # attention output projection
+        ((2 if gated_ffn else 1) * ffn, hidden_size),  # (gate+)up projection / fc1
+        (hidden_size, ffn),  # down projection / fc2
+    ]
+
+
+def lm_head_gemm(hidden_size: int, vocab_size: int, tp: int = 1) -> tuple[int, int]:
+    """``(n, k)`` of the LM head (vocabulary split over ``tp`` GPUs), run on sampled tokens."""
+    return (math.ceil(vocab_size / tp), hidden_size)
+
+
+def model_gemms(shape: ModelShape, tp: int = 1) -> list[tuple[int, int]]:
+    """All distinct GEMM shapes of one model at one tensor-parallel degree."""
+    gemms = layer_gemms(
+        shape.hidden_size, shape.num_heads, shape.num_kv_heads, shape.ffn_size, shape.gated_ffn, tp
+    )
+    gemms.append(lm_head_gemm(shape.hidden_size, shape.vocab_size, tp))
+    return list(dict.fromkeys(gemms))
+
+
+def catalogue_gemms(tp_degrees: tuple[int, ...] = TENSOR_PARALLEL_DEGREES) -> list[tuple[int, int]]:
+    """Every distinct ``(n, k)`` the catalogue models run at the given TP degrees, sorted."""
+    shapes = {g for s in MODEL_SHAPES.values() for tp in tp_degrees for g in model_gemms(s, tp)}
+    return sorted(shapes)

@@ -1,0 +1,176 @@
+"""Calibrated step-time model: the roofline's parts, each timed from a GPU profile.
+
+``kvsim calibrate`` (``gpu_validation``) measures one GPU and writes a profile of fitted
+formulas (see ``gpu_validation.profile``, which needs neither torch nor triton). This
+model splits a step exactly as the roofline does and takes each part from the profile:
+
+- linear layers: the measured GEMM table of each of the layer's matrices at the step's
+  token count (the same ``(n, k)`` shapes the bench timed, from
+  ``gpu_validation.model_shapes``), times the layers; the LM head on the sampled tokens;
+- prefill attention: ``a + b * flops`` per layer, ``flops = 4 * q_dim * pairs``;
+- decode attention: ``a + b * kv_bytes + c * seq_heads`` per layer, from the paged fit
+  at the run's block size, or the contiguous fit;
+- block copy (copy-on-write) and swap: the fitted copy kernel and host-link formulas.
+
+What one GPU cannot measure stays the roofline's: tensor-parallel all-reduce over NVLink
+and the fixed per-step overhead (``RooflineParams``). Per-GPU shapes under tensor
+parallelism round heads up (KV heads are replicated when ``tp`` exceeds them), as engines
+shard them.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from gpu_validation.model_shapes import layer_gemms, lm_head_gemm
+from gpu_validation.profile import AffineFit, Profile, ProfileError, read_profile
+from simulator.cost_model.base import BatchShape, CostModel
+from simulator.cost_model.catalogue import GPUSpec, ModelSpec
+from simulator.cost_model.roofline import RooflineParams
+
+PROFILES_DIR = Path(__file__).resolve().parents[2] / "gpu_validation" / "profiles"
+_CACHE_LIMIT = 65536  # memoised linear-layer times (distinct token counts) before a reset
+
+
+def load_profile_for(profile: str | Path, base_dir: str | Path | None = None) -> Profile:
+    """Read a profile named in a config: a path (absolute, relative to the working directory
+    or to ``base_dir``, the config's folder) or the name of a shipped profile in
+    ``gpu_validation/profiles`` (``example-a100-80gb`` or ``example-a100-80gb.yaml``)."""
+    name = Path(profile)
+    candidates = [name]
+    if base_dir is not None and not name.is_absolute():
+        candidates.append(Path(base_dir) / name)
+    candidates += [PROFILES_DIR / name, PROFILES_DIR / f"{name}.yaml"]
+    for path in candidates:
+        if path.is_file():
+            return read_profile(path)
+    tried = ", ".join(str(p) for p in dict.fromkeys(candidates))
+    raise ProfileError(f"cost_model.profile: {profile!r} not found (tried {tried})")
+
+
+def _nearest_block_size(available: list[int], block_size: int) -> int:
+    """Nearest measured block size in log2 distance (ties: the smaller)."""
+    return min(available, key=lambda b: (abs(math.log2(b) - math.log2(max(block_size, 1))), b))
+
+
+class CalibratedCostModel(CostModel):
+    """Step, swap and copy times read from a calibration profile; needs no GPU."""
+
+    def __init__(
+        self,
+        profile: Profile,
+        model: ModelSpec,
+        gpu: GPUSpec,
+        tensor_parallel: int = 1,
+        block_size: int = 16,
+        kernel: str = "paged",
+        *,
+        pcie: str | None = None,
+        swap_batched: bool = False,
+        params: RooflineParams | None = None,
+    ):
+        self.profile, self.model, self.gpu, self.tp = profile, model, gpu, tensor_parallel
+        self.block_size = block_size
+        self.kernel = kernel
+        self.params = p = params or RooflineParams()
+        self.pcie = pcie  # unused: the host link is measured (kept for the roofline's signature)
+        m, tp = model, tensor_parallel
+        self._layers = m.num_layers
+        self._gemms = layer_gemms(m.hidden_size, m.num_heads, m.num_kv_heads, m.ffn_size, m.gated_ffn, tp)
+        self._lm_head = lm_head_gemm(m.hidden_size, m.vocab_size, tp)
+        self._dtype_bytes = m.dtype_bytes
+        kv_heads = math.ceil(m.num_kv_heads / tp)
+        q_heads = math.ceil(m.num_heads / tp)
+        # Decode attention, per layer: K+V bytes per context token; programs per sequence.
+        self._decode = profile.decode_fit(kernel, block_size)  # fails early on an unmeasured size
+        self._kv_bytes_per_token_layer = 2 * kv_heads * m.head_dim * m.dtype_bytes
+        self._kv_heads = kv_heads
+        # Prefill attention, per layer: FLOPs per causal query-key pair (QK^T and PV).
+        self._prefill_flops_per_pair = 4 * q_heads * m.head_dim
+        # Copy-on-write: copy bandwidth barely depends on block size; use the nearest measured.
+        self._copy: AffineFit = profile.block_copy[_nearest_block_size(sorted(profile.block_copy), block_size)]
+        self._swap = profile.swap_mode(swap_batched)
+        self._swap_batched = swap_batched
+        # All-reduce (not measurable on one GPU): the roofline's two ring all-reduces per layer.
+        if tp > 1:
+            ring = 2 * (tp - 1) / tp
+            self._allreduce_token_s = 2 * m.num_layers * ring * m.hidden_size * m.dtype_bytes / gpu.nvlink_bandwidth
+            self._allreduce_fixed_s = 2 * m.num_layers * p.allreduce_latency_s
+        else:
+            self._allreduce_token_s = self._allreduce_fixed_s = 0.0
+        self._linear_cache: dict[tuple[int, int], float] = {}
+
+    # --- parts (seconds) ------------------------------------------------------------
+    def linear_time(self, tokens: int, sampled: int) -> float:
+        """All layers' GEMMs at ``tokens`` tokens plus the LM head on ``sampled`` tokens."""
+        key = (tokens, sampled)
+        t = self._linear_cache.get(key)
+        if t is None:
+            gemm = self.profile.gemm_seconds
+            d = self._dtype_bytes
+            per_layer = sum(gemm(tokens, n, k, d) for n, k in self._gemms)
+            t = self._layers * per_layer + gemm(sampled, *self._lm_head, d)
+            if len(self._linear_cache) >= _CACHE_LIMIT:
+                self._linear_cache.clear()
+            self._linear_cache[key] = t
+        return t
+
+    def prefill_attention_time(self, pairs: float) -> float:
+        if pairs <= 0:
+            return 0.0
+        return self._layers * self.profile.prefill.seconds(self._prefill_flops_per_pair * pairs)
+
+    def decode_attention_time(self, num_seqs: int, context: int) -> float:
+        if num_seqs <= 0:
+            return 0.0
+        kv_bytes = self._kv_bytes_per_token_layer * context
+        return self._layers * self._decode.seconds(kv_bytes, num_seqs * self._kv_heads)
+
+    def allreduce_time(self, tokens: int) -> float:
+        return self._allreduce_fixed_s + self._allreduce_token_s * tokens
+
+    # --- CostModel --------------------------------------------------------------------
+    def step_time(self, shape: BatchShape) -> float:
+        tokens = shape.num_tokens
+        if tokens == 0:
+            return 0.0
+        sampled = shape.prefill_seqs + shape.decode_seqs
+        return (
+            self.linear_time(tokens, sampled)
+            + self.prefill_attention_time(shape.prefill_attn_pairs)
+            + self.decode_attention_time(shape.decode_seqs, shape.decode_context)
+            + self.allreduce_time(tokens)
+            + self.params.step_overhead_s
+        )
+
+    def decode_coefficients(self, num_seqs: int) -> tuple[float, float]:
+        d = self._decode
+        a = (
+            self.linear_time(num_seqs, num_seqs)
+            + self._layers * (d.a + d.c * num_seqs * self._kv_heads)
+            + self.allreduce_time(num_seqs)
+            + self.params.step_overhead_s
+        )
+        return a, self._layers * d.b * self._kv_bytes_per_token_layer
+
+    def swap_time(self, num_blocks: int, num_slots: int | None = None) -> float:
+        """Measured host-link formula, averaged over the two directions.
+
+        Per block mode: ``2 * layers * num_blocks`` transfers (K and V of each chunk in each
+        layer); batched: ``layers`` transfers (one gathered run per layer).
+        """
+        if num_blocks <= 0:
+            return 0.0
+        slots = num_blocks * self.block_size if num_slots is None else num_slots
+        nbytes = slots * self._kv_bytes_per_token_layer * self._layers
+        transfers = self._layers if self._swap_batched else 2 * self._layers * num_blocks
+        s = self._swap
+        return 0.5 * (s.out.seconds(transfers, nbytes) + s.into.seconds(transfers, nbytes))
+
+    def copy_time(self, num_blocks: int) -> float:
+        """One copy launch over all layers: ``a + b * bytes`` (bytes copied)."""
+        if num_blocks <= 0:
+            return 0.0
+        nbytes = num_blocks * self.block_size * self._kv_bytes_per_token_layer * self._layers
+        return self._copy.seconds(nbytes)

@@ -1,0 +1,62 @@
+"""Decoding-side models: parallel-sample lengths, beam-search parent choice, prompt-block contents.
+
+These are the stochastic or content-dependent parts of sharing, kept as small
+pure functions so the scheduler stays a story about queues.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+import numpy as np
+
+from traces import Request
+
+
+def sample_targets(request: Request, policy: str, rng: np.random.Generator, max_total: int) -> list[int]:
+    """Output lengths (tokens) of a request's ``n`` parallel samples.
+
+    ``same``: every sample generates the request's output length (the trace's).
+    ``independent``: each sample's length is drawn from an exponential distribution
+    with the request's output length as its mean (the maximum-entropy choice when
+    only the mean is known), rounded up and clipped to [1, max_total - prompt].
+    """
+    n, out = request.n, request.output_tokens
+    if n == 1 or policy == "same":
+        return [out] * n
+    cap = max(1, max_total - request.prompt_tokens)
+    draws = np.ceil(rng.exponential(out, size=n)).astype(int)
+    return [int(min(max(d, 1), cap)) for d in draws]
+
+
+def beam_parent_counts(width: int, concentration: float, rng: np.random.Generator) -> list[int]:
+    """How many of the next step's ``width`` beams descend from each current beam (best first).
+
+    Each new beam picks its parent independently with probability proportional to
+    ``exp(-concentration * rank)``: 0 is uniform; larger values favour the best
+    beams, as a sharp next-token distribution does. A beam picked by nobody dies;
+    one picked m times forks into m.
+    """
+    weights = np.exp(-concentration * np.arange(width))
+    picks = rng.choice(width, size=width, p=weights / weights.sum())
+    return np.bincount(picks, minlength=width).tolist()
+
+
+def prefix_contents(request: Request, block_size: int) -> list[Hashable]:
+    """The content of each leading full prompt block that other requests may share.
+
+    Mooncake ``hash_ids`` name 512-token blocks (``hash_block_tokens``); a block of
+    ``block_size`` tokens (which must divide it) is named by its hash id and its
+    position inside that 512-token block. A ``prefix_id`` names a common prefix
+    of ``prefix_tokens`` tokens. Tokens after the shared part are unique.
+    """
+    if request.hash_ids:
+        hb = request.hash_block_tokens
+        if hb % block_size:
+            raise ValueError(f"block size {block_size} does not divide the trace's hash block of {hb} tokens")
+        covered = min(len(request.hash_ids) * hb, request.prompt_tokens)
+        per = hb // block_size
+        return [("h", request.hash_ids[j // per], j % per) for j in range(covered // block_size)]
+    if request.prefix_id is not None and request.prefix_tokens:
+        return [("p", request.prefix_id, j) for j in range(min(request.prefix_tokens, request.prompt_tokens) // block_size)]
+    return []

@@ -1,0 +1,293 @@
+"""Where a sweep's runs execute: in this process, on a local process pool, or on Ray.
+
+A run travels as a :class:`RunJob`: the resolved config as a plain dict, the folder its
+relative paths start from, and the folder its results go to - nothing that needs the
+driver's objects, so it pickles cleanly to any worker. :func:`execute_run` is what a worker
+does with it; it never raises for a failing run: the error comes back as a failed
+:class:`RunOutcome` and the sweep goes on.
+
+Every executor has the same small interface, so a sweep (or a rate search, which decides
+its next run from the last result) can keep submitting while results come back:
+
+    ex.submit(job)               # queue a run
+    job, outcome = ex.next_done() # block until some run finishes (any order)
+    ex.close(cancel=False)       # release workers (cancel=True drops queued runs)
+
+* :class:`InProcessExecutor` (``--workers 1``): runs each job when its result is asked
+  for, in this process; ``KeyboardInterrupt`` behaves as in a plain loop, which makes it
+  the one to debug with.
+* :class:`LocalExecutor`: a ``ProcessPoolExecutor``, one worker per core by default. The
+  workers write the folders of successful runs themselves (same filesystem); failures
+  come back to the driver, which records them. If a worker process dies
+  (killed, out of memory), the pool is rebuilt and the runs it held are tried once more;
+  a run caught in two such crashes is recorded as failed.
+* :class:`RayExecutor`: one Ray task per run (``num_cpus=1``), gathered with ``ray.wait``.
+  It joins the cluster at ``address`` or starts a local Ray with ``num_cpus``. Tasks return
+  the run's tables and the driver writes them, so workers on other machines need no
+  shared filesystem - but they do need the same Python environment and any trace files at
+  the same paths (or an absolute path that exists on every node).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import traceback
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from simulator.runner import RunResult
+
+
+@dataclass(frozen=True)
+class RunJob:
+    """One run to execute: everything a worker needs, as plain data."""
+
+    run_id: str  # the config hash; also the run folder's name
+    config: dict  # the resolved config (``ExperimentConfig.model_dump(mode="json")``)
+    base_dir: str  # folder that relative paths in the config start from
+    run_dir: str  # where the run's outputs go
+    plot: bool = False  # draw the run's memory timeline
+    write: bool = True  # the worker writes ``run_dir`` itself (False: return the tables)
+
+
+@dataclass
+class RunOutcome:
+    """What came back from a run."""
+
+    run_id: str
+    ok: bool
+    summary: dict | None = None
+    error: str | None = None  # one line: "ExceptionType: message"
+    details: str | None = None  # traceback, for error.txt
+    wall_s: float = 0.0  # seconds the simulation took
+    result: RunResult | None = field(default=None, repr=False)  # the tables, when not written
+
+
+def _error_line(e: BaseException) -> str:
+    text = " ".join(str(e).split()) or repr(e)
+    return f"{type(e).__name__}: {text}"
+
+
+def execute_run(job: RunJob) -> RunOutcome:
+    """Simulate one job; write its folder (if ``job.write``); never raise for a bad run."""
+    from simulator.config import ExperimentConfig
+    from simulator.results import write_run
+    from simulator.runner import run_experiment
+
+    try:
+        cfg = ExperimentConfig.model_validate(job.config)
+        result = run_experiment(cfg, Path(job.base_dir))
+        if job.write:
+            write_run(result, Path(job.run_dir), plot=job.plot)
+            return RunOutcome(job.run_id, True, summary=dict(result.summary), wall_s=result.wall_s)
+        return RunOutcome(job.run_id, True, summary=dict(result.summary), wall_s=result.wall_s, result=result)
+    except Exception as e:  # a failing run is data, not a crash of the sweep (the driver records it)
+        return RunOutcome(job.run_id, False, error=_error_line(e), details=traceback.format_exc())
+
+
+RunFn = Callable[[RunJob], RunOutcome]
+
+
+class Executor(Protocol):
+    def submit(self, job: RunJob) -> None: ...
+
+    def next_done(self) -> tuple[RunJob, RunOutcome]: ...
+
+    def pending(self) -> int: ...
+
+    def close(self, cancel: bool = False) -> None: ...
+
+
+class InProcessExecutor:
+    """Runs each job in this process, in submission order, when its result is asked for."""
+
+    def __init__(self, fn: RunFn = execute_run):
+        self.fn = fn
+        self._queue: deque[RunJob] = deque()
+
+    def submit(self, job: RunJob) -> None:
+        self._queue.append(job)
+
+    def pending(self) -> int:
+        return len(self._queue)
+
+    def next_done(self) -> tuple[RunJob, RunOutcome]:
+        job = self._queue.popleft()
+        return job, self.fn(job)
+
+    def close(self, cancel: bool = False) -> None:
+        self._queue.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close(cancel=exc[0] is not None)
+
+
+def _pool_context():
+    """``forkserver`` where available: workers fork from a clean server that has already
+    imported the simulator (fast start, no inherited threads); else ``spawn``."""
+    if "forkserver" in mp.get_all_start_methods():
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(["simulator.executors", "simulator.runner", "simulator.results"])
+        return ctx
+    return mp.get_context("spawn")
+
+
+class LocalExecutor:
+    """A local process pool; ``workers`` processes (default: one per core)."""
+
+    MAX_CRASHES = 2  # a run in flight during this many worker crashes is recorded as failed
+
+    def __init__(self, fn: RunFn = execute_run, workers: int | None = None):
+        self.fn = fn
+        self.workers = max(1, workers or os.cpu_count() or 1)
+        self._ctx = _pool_context()
+        self._pool: ProcessPoolExecutor | None = None
+        self._futures: dict[Future, RunJob] = {}
+        self._crashes: dict[str, int] = {}
+        self._ready: deque[tuple[RunJob, RunOutcome]] = deque()
+
+    def _get_pool(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=self._ctx)
+        return self._pool
+
+    def submit(self, job: RunJob) -> None:
+        self._futures[self._get_pool().submit(self.fn, job)] = job
+
+    def pending(self) -> int:
+        return len(self._futures) + len(self._ready)
+
+    def next_done(self) -> tuple[RunJob, RunOutcome]:
+        while not self._ready:
+            if not self._futures:
+                raise RuntimeError("next_done() with nothing submitted")
+            done, _ = wait(list(self._futures), return_when=FIRST_COMPLETED)
+            broken = []
+            for fut in done:
+                job = self._futures.pop(fut)
+                try:
+                    self._ready.append((job, fut.result()))
+                except BrokenProcessPool:
+                    broken.append(job)
+                except Exception as e:  # the run function itself raised (or failed to pickle)
+                    self._ready.append((job, RunOutcome(job.run_id, False, error=_error_line(e),
+                                                        details=traceback.format_exc())))
+            if broken:
+                self._recover(broken)
+        return self._ready.popleft()
+
+    def _recover(self, broken: list[RunJob]) -> None:
+        """A worker died: every future of the pool fails. Rebuild it and resubmit."""
+        broken += list(self._futures.values())  # the rest of the pool is broken too
+        self._futures.clear()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+        for job in broken:
+            n = self._crashes[job.run_id] = self._crashes.get(job.run_id, 0) + 1
+            if n >= self.MAX_CRASHES:
+                msg = "WorkerCrashed: the worker process died while running this config (twice)"
+                self._ready.append((job, RunOutcome(job.run_id, False, error=msg, details=msg)))
+            else:
+                self.submit(job)
+
+    def close(self, cancel: bool = False) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=not cancel, cancel_futures=cancel)
+            self._pool = None
+        self._futures.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close(cancel=exc[0] is not None)
+
+
+class RayExecutor:
+    """One Ray task per run; joins ``address`` or starts a local Ray of ``num_cpus`` CPUs."""
+
+    def __init__(self, fn: RunFn = execute_run, address: str | None = None, num_cpus: int | None = None):
+        try:
+            import ray
+        except ImportError:
+            raise ImportError("the ray executor needs Ray: pip install 'kvsim[ray]'") from None
+        self._ray = ray
+        self._started = False
+        if not ray.is_initialized():
+            if address:
+                ray.init(address=address, log_to_driver=False)
+            else:
+                ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
+                         log_to_driver=False, configure_logging=False)
+            self._started = True
+        # max_retries: a task whose worker died is tried once more (as the local pool does).
+        self._remote = ray.remote(num_cpus=1, max_retries=1)(fn)
+        self._refs: dict = {}
+
+    def submit(self, job: RunJob) -> None:
+        if job.write:  # the driver writes: workers may be on machines without our disk
+            job = RunJob(job.run_id, job.config, job.base_dir, job.run_dir, job.plot, write=False)
+        self._refs[self._remote.remote(job)] = job
+
+    def pending(self) -> int:
+        return len(self._refs)
+
+    def next_done(self) -> tuple[RunJob, RunOutcome]:
+        if not self._refs:
+            raise RuntimeError("next_done() with nothing submitted")
+        (ref,), _ = self._ray.wait(list(self._refs), num_returns=1)
+        job = self._refs.pop(ref)
+        try:
+            return job, self._ray.get(ref)
+        except Exception as e:  # the worker died twice, or the task could not run
+            return job, RunOutcome(job.run_id, False, error=_error_line(e), details=traceback.format_exc())
+
+    def close(self, cancel: bool = False) -> None:
+        if cancel:
+            for ref in self._refs:
+                self._ray.cancel(ref, force=True)
+        self._refs.clear()
+        if self._started:
+            self._ray.shutdown()
+            self._started = False
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close(cancel=exc[0] is not None)
+
+
+def make_executor(kind: str = "local", fn: RunFn = execute_run, workers: int | None = None,
+                  address: str | None = None) -> InProcessExecutor | LocalExecutor | RayExecutor:
+    """``local`` (a process pool; ``workers=1`` runs in this process) or ``ray``
+    (``address`` of a cluster, or a local Ray of ``workers`` CPUs)."""
+    if workers is not None and workers < 1:
+        raise ValueError(f"workers must be >= 1 (got {workers})")
+    if kind == "local":
+        return InProcessExecutor(fn) if workers == 1 else LocalExecutor(fn, workers)
+    if kind == "ray":
+        return RayExecutor(fn, address=address, num_cpus=workers)
+    raise ValueError(f"unknown executor {kind!r}; choose local or ray")
+
+
+__all__ = [
+    "Executor",
+    "InProcessExecutor",
+    "LocalExecutor",
+    "RayExecutor",
+    "RunJob",
+    "RunOutcome",
+    "execute_run",
+    "make_executor",
+]

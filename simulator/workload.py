@@ -1,0 +1,418 @@
+"""The ``workload:`` section of an experiment config, and the requests it describes.
+
+A workload is either a **trace file** or a **generator**, plus optional transforms
+and sharing settings applied to every request::
+
+    workload:                                  # replay one hour of Azure chat, 10 minutes of it
+      trace: {format: azure, path: traces/data/AzureLLMInferenceTrace_conv.csv}
+      window: {duration_s: 600}
+
+    workload:                                  # the vLLM paper's ShareGPT workload at 2 req/s
+      arrivals: {kind: poisson, rate: 2.0}
+      lengths: {kind: preset, name: sharegpt-paper}
+      num_requests: 1000
+
+Order of operations in :func:`build_requests`: read or generate -> ShareGPT filter
+-> rate scale -> time window -> count window -> sharing (``n``, ``beam_width``,
+``shared_prefix``) -> clip (``too_long: clip``). Requests are numbered 0, 1, 2, ...
+in arrival order and arrive in seconds from the start of the (windowed) workload.
+
+Relative paths are looked up in the current folder, then the config file's
+folder (``base_dir``), then the kvsim source root, then the shipped ``traces/data``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+import traces
+from traces import Request
+from traces.arrivals import ArrivalProcess, ConstantArrivals, GammaArrivals, PoissonArrivals
+from traces.formats import TraceFormat, file_type_of, generic_format
+from traces.generate import generate_requests
+from traces.lengths import (
+    FilteredLengths,
+    FixedLengths,
+    LengthSampler,
+    LognormalLengths,
+    PoolLengths,
+    UniformLengths,
+)
+from traces.loaders import load_length_pool, load_trace
+from traces.presets import preset_lengths
+from traces.sharegpt_filter import sharegpt_filter, sharegpt_keep_array
+from traces.transforms import (
+    apply_sharing,
+    clip_to_max_len,
+    scale_rate,
+    window_by_count,
+    window_by_time,
+)
+
+PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+PositiveInt = Annotated[int, Field(ge=1)]
+TokenMean = Annotated[float, Field(ge=1, allow_inf_nan=False)]
+
+
+class _Section(BaseModel):
+    """A config section: unknown keys are errors, not silently ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+# --- trace files ------------------------------------------------------------------------------
+
+
+class GenericColumns(_Section):
+    """Column names (CSV) or keys (JSON lines) of a ``generic`` trace."""
+
+    arrival_time: str
+    prompt_tokens: str
+    output_tokens: str
+    hash_ids: str | None = None  # optional prefix-block ids (a list per row)
+
+
+class TraceSource(_Section):
+    """``trace:`` replay a request trace file.
+
+    ``format``: ``auto`` (tell from the header), ``azure``, ``mooncake``, ``vidur`` or
+    ``generic`` (then give ``columns``, and optionally ``time_unit`` - s, ms, us, ns
+    or datetime -, ``file_type`` - csv or jsonl, default from the extension - and
+    ``hash_block_tokens``). ``on_unsorted``: ``sort`` (with a warning) or ``error``.
+    """
+
+    format: Literal["auto", "azure", "mooncake", "vidur", "generic"] = "auto"
+    path: str
+    on_unsorted: Literal["sort", "error"] = "sort"
+    columns: GenericColumns | None = None
+    time_unit: Literal["s", "ms", "us", "ns", "datetime"] = "s"
+    file_type: Literal["csv", "jsonl"] | None = None
+    hash_block_tokens: PositiveInt = 512
+
+    @model_validator(mode="after")
+    def _generic_fields_only_for_generic(self) -> TraceSource:
+        generic_only = {"columns", "time_unit", "file_type", "hash_block_tokens"}
+        if self.format == "generic" and self.columns is None:
+            raise ValueError(
+                "format 'generic' needs columns: {arrival_time, prompt_tokens, output_tokens}"
+            )
+        if self.format != "generic" and generic_only & self.model_fields_set:
+            given = ", ".join(sorted(generic_only & self.model_fields_set))
+            raise ValueError(f"{given}: allowed only with format 'generic' (not {self.format!r})")
+        return self
+
+    def trace_format(self, path: Path) -> str | TraceFormat:
+        """The loader's format argument for the file at ``path``."""
+        if self.format != "generic":
+            return self.format
+        assert self.columns is not None
+        return generic_format(
+            arrival_time=self.columns.arrival_time,
+            prompt_tokens=self.columns.prompt_tokens,
+            output_tokens=self.columns.output_tokens,
+            hash_ids=self.columns.hash_ids,
+            time_unit=self.time_unit,
+            file_type=self.file_type or file_type_of(path),
+            hash_block_tokens=self.hash_block_tokens,
+        )
+
+
+# --- generators: arrivals ---------------------------------------------------------------------
+
+
+class PoissonArrivalsConfig(_Section):
+    """``{kind: poisson, rate}``: exponential gaps, ``rate`` requests/s."""
+
+    kind: Literal["poisson"]
+    rate: PositiveFloat
+
+
+class GammaArrivalsConfig(_Section):
+    """``{kind: gamma, rate, cv}``: gamma gaps with coefficient of variation ``cv``
+    (1 = Poisson, > 1 burstier; vLLM's benchmark burstiness is 1 / cv**2)."""
+
+    kind: Literal["gamma"]
+    rate: PositiveFloat
+    cv: PositiveFloat
+
+
+class ConstantArrivalsConfig(_Section):
+    """``{kind: constant, rate}``: one request every ``1 / rate`` seconds."""
+
+    kind: Literal["constant"]
+    rate: PositiveFloat
+
+
+ArrivalsConfig = Annotated[
+    PoissonArrivalsConfig | GammaArrivalsConfig | ConstantArrivalsConfig,
+    Field(discriminator="kind"),
+]
+
+
+# --- generators: lengths ----------------------------------------------------------------------
+
+
+class FixedLengthsConfig(_Section):
+    """``{kind: fixed, prompt_tokens, output_tokens}``: every request the same."""
+
+    kind: Literal["fixed"]
+    prompt_tokens: PositiveInt
+    output_tokens: PositiveInt
+
+
+class UniformLengthsConfig(_Section):
+    """``{kind: uniform, prompt_min, prompt_max, output_min, output_max}`` (tokens, inclusive)."""
+
+    kind: Literal["uniform"]
+    prompt_min: PositiveInt
+    prompt_max: PositiveInt
+    output_min: PositiveInt
+    output_max: PositiveInt
+
+    @model_validator(mode="after")
+    def _ordered(self) -> UniformLengthsConfig:
+        for side in ("prompt", "output"):
+            low, high = getattr(self, f"{side}_min"), getattr(self, f"{side}_max")
+            if high < low:
+                raise ValueError(f"{side}_max ({high}) must be >= {side}_min ({low})")
+        return self
+
+
+class LognormalLengthsConfig(_Section):
+    """``{kind: lognormal, prompt_mean, prompt_std, output_mean, output_std}`` (tokens):
+    independent lognormals with these means and standard deviations, rounded."""
+
+    kind: Literal["lognormal"]
+    prompt_mean: TokenMean
+    prompt_std: NonNegativeFloat
+    output_mean: TokenMean
+    output_std: NonNegativeFloat
+
+
+class PoolLengthsConfig(_Section):
+    """``{kind: pool, path}``: sample rows of a lengths file or trace (``format``:
+    auto, lengths, azure, mooncake or vidur), keeping each row's prompt and output."""
+
+    kind: Literal["pool"]
+    path: str
+    format: Literal["auto", "lengths", "azure", "mooncake", "vidur"] = "auto"
+
+
+class PresetLengthsConfig(_Section):
+    """``{kind: preset, name}``: the vLLM paper's ``sharegpt-paper`` (mean 161.31 in,
+    337.99 out) or ``alpaca-paper`` (19.31, 58.45); shapes in :mod:`traces.presets`."""
+
+    kind: Literal["preset"]
+    name: Literal["sharegpt-paper", "alpaca-paper"]
+
+
+LengthsConfig = Annotated[
+    FixedLengthsConfig
+    | UniformLengthsConfig
+    | LognormalLengthsConfig
+    | PoolLengthsConfig
+    | PresetLengthsConfig,
+    Field(discriminator="kind"),
+]
+
+
+# --- transforms and sharing -------------------------------------------------------------------
+
+
+class WindowConfig(_Section):
+    """``window:`` keep requests arriving in ``[start_s, start_s + duration_s)``
+    (times then count from ``start_s``), then at most the first ``num_requests``."""
+
+    start_s: NonNegativeFloat = 0.0
+    duration_s: PositiveFloat | None = None
+    num_requests: PositiveInt | None = None
+
+    @model_validator(mode="after")
+    def _cuts_something(self) -> WindowConfig:
+        if self.start_s == 0 and self.duration_s is None and self.num_requests is None:
+            raise ValueError("a window needs start_s > 0, duration_s or num_requests")
+        return self
+
+
+class SharedPrefixConfig(_Section):
+    """``shared_prefix:`` a prefix of ``tokens`` tokens (e.g. a system prompt),
+    identified by ``prefix_id``, prepended to every prompt (prompts grow by ``tokens``)."""
+
+    prefix_id: str = "shared-prefix"
+    tokens: PositiveInt
+
+
+class WorkloadConfig(_Section):
+    """``workload:`` where requests come from and how they are shaped.
+
+    Source, exactly one of:
+      * ``trace``: a :class:`TraceSource`;
+      * ``arrivals`` + ``lengths`` (+ ``num_requests`` and/or ``duration_s``, the
+        generator stops at whichever comes first).
+
+    Transforms:
+      * ``sharegpt_filter``: vLLM's benchmark filter (drop prompt or output < 4,
+        prompt > 1024 or prompt + output > 2048 tokens); with a generator, lengths
+        are redrawn instead, so the arrival process is unchanged;
+      * ``rate_scale``: arrival-rate multiplier (2.0 = twice as fast);
+      * ``window``: a :class:`WindowConfig`, in scaled time;
+      * ``too_long``: ``reject`` (the default; the simulator rejects requests longer
+        than the model's max length and records why) or ``clip`` (shorten them here).
+
+    Sharing, applied to every request: ``n`` parallel samples, ``beam_width`` beams
+    (``n <= beam_width`` when both > 1), ``shared_prefix``.
+    """
+
+    trace: TraceSource | None = None
+    arrivals: ArrivalsConfig | None = None
+    lengths: LengthsConfig | None = None
+    num_requests: PositiveInt | None = None
+    duration_s: PositiveFloat | None = None
+    sharegpt_filter: bool = False
+    rate_scale: PositiveFloat = 1.0
+    window: WindowConfig | None = None
+    too_long: Literal["reject", "clip"] = "reject"
+    n: PositiveInt = 1
+    beam_width: PositiveInt = 1
+    shared_prefix: SharedPrefixConfig | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> WorkloadConfig:
+        generator_keys = ("arrivals", "lengths", "num_requests", "duration_s")
+        if self.trace is not None:
+            given = [k for k in generator_keys if getattr(self, k) is not None]
+            if given:
+                raise ValueError(
+                    f"a trace workload takes arrivals and lengths from its file; remove "
+                    f"{', '.join(given)} (use window to cut the trace)"
+                )
+            has_hashes = self.trace.format == "mooncake" or (
+                self.trace.columns is not None and self.trace.columns.hash_ids is not None
+            )
+            if self.shared_prefix is not None and has_hashes:
+                raise ValueError("shared_prefix cannot be added to a trace with hash_ids")
+        else:
+            if self.arrivals is None or self.lengths is None:
+                raise ValueError(
+                    "a workload needs either trace: {format, path} or arrivals: {kind, rate} "
+                    "and lengths: {kind, ...}"
+                )
+            if self.num_requests is None and self.duration_s is None:
+                raise ValueError("a generated workload needs num_requests and/or duration_s")
+        if self.n > 1 and self.beam_width > 1 and self.n > self.beam_width:
+            raise ValueError(f"n ({self.n}) must be <= beam_width ({self.beam_width})")
+        return self
+
+
+# --- building requests ------------------------------------------------------------------------
+
+SOURCE_ROOT = Path(traces.__file__).resolve().parent.parent
+"""The folder holding the ``traces`` package: the repository root in a checkout."""
+
+
+def resolve_data_path(path: str | Path, base_dir: Path | None = None, *, key: str = "path") -> Path:
+    """Find a data file: absolute, or relative to the current folder, ``base_dir``
+    (the config file's folder), the kvsim source root, or the shipped ``traces/data``.
+
+    Raises FileNotFoundError naming the config ``key`` and every place looked in.
+    """
+    given = Path(path).expanduser()
+    if given.is_absolute():
+        candidates = [given]
+    else:
+        roots = [Path.cwd(), base_dir and base_dir.resolve(), SOURCE_ROOT, traces.DATA_DIR]
+        candidates = [root / given for root in roots if root is not None]
+        candidates.append(traces.DATA_DIR / given.name)
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    looked = ", ".join(dict.fromkeys(str(c) for c in candidates))
+    raise FileNotFoundError(f"{key}: file {str(path)!r} not found; looked in: {looked}")
+
+
+def build_requests(
+    cfg: WorkloadConfig, *, base_dir: Path, seed: int, max_seq_len: int | None = None
+) -> Iterator[Request]:
+    """The workload's requests, lazily, in arrival order, numbered 0, 1, 2, ...
+
+    Files are found, formats detected and length pools loaded now (so a bad path
+    fails before the simulation starts); rows are read as the iterator is consumed.
+    ``seed`` fixes every random draw of a generator. ``max_seq_len`` (tokens) is
+    needed only with ``too_long: clip``; with ``reject`` requests pass unchanged and
+    the simulator rejects the ones that are too long.
+    """
+    if cfg.too_long == "clip" and max_seq_len is None:
+        raise ValueError("workload.too_long = 'clip' needs the model's max_seq_len")
+    if cfg.trace is not None:
+        path = resolve_data_path(cfg.trace.path, base_dir, key="workload.trace.path")
+        stream = load_trace(path, cfg.trace.trace_format(path), on_unsorted=cfg.trace.on_unsorted)
+        if cfg.sharegpt_filter:
+            stream = sharegpt_filter(stream)
+        stream = scale_rate(stream, cfg.rate_scale)
+    else:
+        assert cfg.arrivals is not None and cfg.lengths is not None
+        lengths = make_length_sampler(cfg.lengths, base_dir)
+        if cfg.sharegpt_filter:
+            lengths = FilteredLengths(lengths, sharegpt_keep_array)
+        stream = generate_requests(
+            make_arrival_process(cfg.arrivals, cfg.rate_scale),
+            lengths,
+            seed=seed,
+            num_requests=cfg.num_requests,
+            duration_s=cfg.duration_s,
+        )
+    if cfg.window is not None:
+        if cfg.window.start_s > 0 or cfg.window.duration_s is not None:
+            stream = window_by_time(stream, cfg.window.start_s, cfg.window.duration_s)
+        if cfg.window.num_requests is not None:
+            stream = window_by_count(stream, cfg.window.num_requests)
+    prefix = cfg.shared_prefix
+    stream = apply_sharing(
+        stream,
+        n=cfg.n,
+        beam_width=cfg.beam_width,
+        prefix_id=prefix.prefix_id if prefix else None,
+        prefix_tokens=prefix.tokens if prefix else 0,
+    )
+    if cfg.too_long == "clip":
+        stream = clip_to_max_len(stream, max_seq_len)
+    return stream
+
+
+def make_arrival_process(cfg: ArrivalsConfig, rate_scale: float = 1.0) -> ArrivalProcess:
+    """The arrival process a config describes, its rate multiplied by ``rate_scale``."""
+    rate = cfg.rate * rate_scale
+    if isinstance(cfg, GammaArrivalsConfig):
+        return GammaArrivals(rate, cfg.cv)
+    if isinstance(cfg, ConstantArrivalsConfig):
+        return ConstantArrivals(rate)
+    return PoissonArrivals(rate)
+
+
+def make_length_sampler(cfg: LengthsConfig, base_dir: Path | None = None) -> LengthSampler:
+    """The length sampler a config describes (a pool file is loaded now)."""
+    if isinstance(cfg, FixedLengthsConfig):
+        return FixedLengths(cfg.prompt_tokens, cfg.output_tokens)
+    if isinstance(cfg, UniformLengthsConfig):
+        return UniformLengths(cfg.prompt_min, cfg.prompt_max, cfg.output_min, cfg.output_max)
+    if isinstance(cfg, LognormalLengthsConfig):
+        return LognormalLengths(cfg.prompt_mean, cfg.prompt_std, cfg.output_mean, cfg.output_std)
+    if isinstance(cfg, PoolLengthsConfig):
+        path = resolve_data_path(cfg.path, base_dir, key="workload.lengths.path")
+        prompts, outputs = load_length_pool(path, cfg.format)
+        return PoolLengths(prompts, outputs)
+    return preset_lengths(cfg.name)
+
+
+__all__ = [
+    "WorkloadConfig",
+    "build_requests",
+    "make_arrival_process",
+    "make_length_sampler",
+    "resolve_data_path",
+]

@@ -1,0 +1,75 @@
+"""The calibration entry point: refuses without a GPU; a tiny CPU run covers every path."""
+
+import csv
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from gpu_validation import bench  # noqa: E402
+from gpu_validation.profile import read_profile  # noqa: E402
+
+REPO = Path(__file__).parents[2]
+
+
+def test_without_gpu_stops_with_a_clear_message(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert bench.main(["--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "no CUDA GPU" in err and len(err.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cpu_smoke_run_writes_profile_csv_and_summary(tmp_path, capsys):
+    assert bench.main(["--cpu-smoke-test", "--out", str(tmp_path)]) == 0
+    profile = read_profile(tmp_path / "cpu-smoke-test.yaml")
+    assert profile.metadata.synthetic is False
+    assert sorted(profile.decode_paged) == [1, 16]
+    assert profile.decode_shape == {"num_kv_heads": 2, "head_dim": 16, "group": 2}
+    assert set(profile.gemm_tables) == {(32, 16), (16, 32)}
+    assert set(profile.block_copy) == {1, 16}
+    with (tmp_path / "cpu-smoke-test_raw.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    sections = {r["section"] for r in rows}
+    assert {
+        "check",
+        "tune",
+        "decode",
+        "split_kv",
+        "gemm",
+        "prefill",
+        "block_copy",
+        "swap",
+    } <= sections
+    assert all(r["ok"] == "1" for r in rows if r["section"] == "check")
+    # 3 x 2 points x (contiguous + 2 block sizes) decode rows
+    assert sum(r["section"] == "decode" for r in rows) == 2 * 2 * 3
+    summary = json.loads((tmp_path / "cpu-smoke-test_summary.json").read_text())
+    assert summary["correctness_passed"] is True
+    out = capsys.readouterr().out
+    assert "Paged / contiguous" in out and "Swap GB/s" in out
+
+
+def test_refit_reproduces_the_profile_from_its_csv(tmp_path):
+    assert bench.main(["--cpu-smoke-test", "--skip-checks", "--out", str(tmp_path)]) == 0
+    path = tmp_path / "cpu-smoke-test.yaml"
+    first = read_profile(path)
+    path.write_text(path.read_text().replace("decode_attention:", "decode_attention:  # edited"))
+    assert bench.main(["--refit", str(path)]) == 0
+    assert read_profile(path) == first
+
+
+def test_gpu_slug():
+    assert bench.gpu_slug("NVIDIA H200") == "nvidia-h200"
+    assert bench.gpu_slug("NVIDIA A100-SXM4-80GB") == "nvidia-a100-sxm4-80gb"
+
+
+def test_run_script_is_valid_bash():
+    script = REPO / "gpu_validation" / "run_h200.sh"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    text = script.read_text()
+    assert "timeout" in text and "$OUT" in text

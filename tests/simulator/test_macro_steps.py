@@ -1,0 +1,82 @@
+"""Macro-stepping (DESIGN.md "Performance principle") gives the results of stepping one
+iteration at a time: same per-request metrics (to float tolerance), same memory breakdown."""
+
+import random
+
+import numpy as np
+import pytest
+
+from policies.contiguous_allocator import ContiguousAllocator
+from policies.paged_allocator import PagedAllocator
+from simulator.cost_model import GPUS, MODELS, RooflineCostModel
+from simulator.engine import Simulation
+from simulator.memory_classes import CLASSES
+from simulator.metrics import request_frame, summarize
+from simulator.scheduler import SchedulerLimits
+from traces import Request
+
+
+def poisson_trace(count, rate, seed, prompt=(10, 900), output=(1, 400), **extra):
+    rng = random.Random(seed)
+    t, out = 0.0, []
+    for i in range(count):
+        t += rng.expovariate(rate)
+        out.append(Request(i, t, rng.randint(*prompt), rng.randint(*output), **extra))
+    return out
+
+
+def bursty_trace(n, seed):
+    rng = random.Random(seed)
+    return [Request(i, float(i // 40) * 3.0, rng.randint(5, 300), rng.randint(1, 200)) for i in range(n)]
+
+
+ALLOCATORS = {
+    "paged-16": lambda: PagedAllocator(900, 16, swap_blocks=400),
+    "paged-1": lambda: PagedAllocator(14_000, 1, swap_blocks=6000),
+    "orca-max": lambda: ContiguousAllocator(16_000, "buddy", "max", 2048, 8000),
+    "orca-oracle": lambda: ContiguousAllocator(16_000, "buddy_exact", "oracle", 2048, 8000),
+    "first-fit-pow2": lambda: ContiguousAllocator(16_000, "first_fit", "pow2", 2048, 8000),
+}
+TRACES = {
+    "poisson": lambda: poisson_trace(500, 8.0, 1),
+    "bursty": lambda: bursty_trace(400, 2),
+    "samples": lambda: poisson_trace(150, 3.0, 3, n=3),
+}
+
+
+def run(requests, make_alloc, macro, **limits):
+    limits.setdefault("max_seq_len", 2048)
+    cost = lambda: RooflineCostModel(MODELS["llama-2-7b"], GPUS["a100-80gb"])  # noqa: E731
+    sim = Simulation(requests, make_alloc, cost, SchedulerLimits(**limits), macro_steps=macro)
+    sim.run()
+    df = request_frame(sim.request_rows)
+    steps = sim.steps.frame()
+    summary = summarize(df, steps, sim.replicas[0].scheduler.itl, sim.replicas[0].scheduler.alloc.capacity)
+    return df, steps, summary
+
+
+@pytest.mark.parametrize("preemption", ["recompute", "swap"])
+@pytest.mark.parametrize("trace", list(TRACES))
+@pytest.mark.parametrize("alloc", list(ALLOCATORS))
+def test_macro_steps_equal_single_steps(alloc, trace, preemption):
+    reqs = TRACES[trace]()
+    one, steps_one, s_one = run(reqs, ALLOCATORS[alloc], macro=False, preemption=preemption)
+    many, steps_many, s_many = run(reqs, ALLOCATORS[alloc], macro=True, preemption=preemption)
+    assert steps_many["iterations"].sum() == steps_one["iterations"].sum() == len(steps_one)
+    for col in ("status", "preemptions", "generated_tokens", "recomputed_tokens", "swapped_out_blocks"):
+        assert one[col].tolist() == many[col].tolist(), col
+    for col in ("scheduled_s", "first_token_s", "finish_s"):
+        a, b = one[col].to_numpy(float), many[col].to_numpy(float)
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-9, err_msg=col)
+    for c in CLASSES:
+        assert s_many[f"mem_{c}_perc"] == pytest.approx(s_one[f"mem_{c}_perc"], rel=1e-9, abs=1e-9), c
+    for key in ("mean_batched_requests", "mean_itl_ms", "normalized_latency_s_per_token"):
+        assert s_many[key] == pytest.approx(s_one[key], rel=1e-9), key
+    assert s_many["p99_itl_ms"] == pytest.approx(s_one["p99_itl_ms"], rel=2e-3)  # histogram buckets
+
+
+def test_macro_steps_actually_merge_iterations():
+    reqs = poisson_trace(300, 2.0, 5)
+    _, steps, _ = run(reqs, ALLOCATORS["orca-max"], macro=True)
+    assert steps["iterations"].max() > 10
+    assert len(steps) < steps["iterations"].sum() / 3
