@@ -28,6 +28,8 @@ import re
 import subprocess
 import sys
 import time
+import traceback
+from dataclasses import replace
 from pathlib import Path
 
 PROFILES_DIR = Path(__file__).parent / "profiles"
@@ -158,7 +160,7 @@ def _run(args: argparse.Namespace) -> int:
     import triton
 
     from gpu_validation import measurements as M
-    from gpu_validation.correctness import CheckSizes, run_checks
+    from gpu_validation.correctness import CheckSizes, check_decode, run_checks
     from gpu_validation.fitting import build_profile
     from gpu_validation.profile import ProfileMetadata, write_profile
     from gpu_validation.report import format_summary, hbm_peak_from_name, summarize
@@ -191,53 +193,69 @@ def _run(args: argparse.Namespace) -> int:
 
     rows: list[dict] = []
     truncated: list[str] = []
+    failed: list[str] = []
     ok = True
-    if not args.skip_checks:
-        sizes = CheckSizes.tiny() if smoke else CheckSizes()
-        results = run_checks(device, sizes)
+
+    def record_checks(results) -> bool:
         for r in results:
             print(f"  [{'ok' if r.ok else 'FAIL'}] {r.name}: {r.detail}")
             rows.append(dict(section="check", kernel=r.name, ok=int(r.ok), detail=r.detail))
-        ok = all(r.ok for r in results)
+        return all(r.ok for r in results)
+
+    def section(name: str, fn, *a):
+        """Run one section; a crash is reported and the rest of the benchmark goes on."""
+        try:
+            new, cut = fn(*a)
+        except Exception:  # the raw CSV of the other sections is still worth having
+            traceback.print_exc()
+            failed.append(name)
+            return
+        rows.extend(new)
+        truncated.extend([name] if cut else [])
+        write_rows(rows, csv_path)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        note = " (cut by the time budget)" if cut else ""
+        print(f"{name}: {len(new)} points{note} ({time.monotonic() - t_start:.0f} s)")
+
+    sizes = CheckSizes.tiny() if smoke else CheckSizes()
+    if not args.skip_checks:
+        ok = record_checks(run_checks(device, sizes))
         print(
             f"correctness: {'all passed' if ok else 'FAILED'} ({time.monotonic() - t_start:.0f} s)"
         )
 
     timer = Timer(device, warmup=1 if smoke else 2, reps=1 if smoke else 7)
-    bench = M.DecodeBench(grid, device)
-    configs, tune_rows = M.tune_decode(bench, timer, deadline("tune"))
-    rows += tune_rows
-    print(f"decode launch configs: {configs}")
-    decode_rows, cut = M.measure_decode(bench, timer, configs, deadline("decode"))
-    rows += decode_rows + M.measure_split_effect(bench, timer, configs["paged"])
-    truncated += ["decode"] if cut else []
-    del bench
-    write_rows(rows, csv_path)
-    print(f"decode: {len(decode_rows)} points ({time.monotonic() - t_start:.0f} s)")
+    configs: dict = {}
 
+    def decode_sections():
+        nonlocal ok
+        bench = M.DecodeBench(grid, device)
+        tuned, tune_rows = M.tune_decode(bench, timer, deadline("tune"))
+        configs.update(tuned)
+        print(f"decode launch configs: {tuned}")
+        if not args.skip_checks:  # the tuned configs must be as right as the default one
+            one_size = replace(sizes, block_sizes=(16,))
+            for cfg in dict.fromkeys(tuned.values()):
+                print(f"correctness of {cfg}:")
+                ok &= record_checks(check_decode(device, one_size, (torch.float16,), cfg))
+        decode_rows, cut = M.measure_decode(bench, timer, tuned, deadline("decode"))
+        split_rows = M.measure_split_effect(bench, timer, tuned["paged"])
+        return tune_rows + decode_rows + split_rows, cut
+
+    section("decode", decode_sections)
     if not smoke:
-        rows += M.measure_memcpy(device, timer)
-        torch.cuda.empty_cache()
-    for section, fn in (
-        ("gemm", M.measure_gemm),
-        ("prefill", M.measure_prefill),
-        ("pool", M.measure_pool),
-    ):
-        new, cut = fn(grid, device, timer, deadline(section))
-        rows += new
-        truncated += [section] if cut else []
-        write_rows(rows, csv_path)
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        print(
-            f"{section}: {len(new)} points{' (cut by the time budget)' if cut else ''} ({time.monotonic() - t_start:.0f} s)"
-        )
+        section("memcpy", lambda: (M.measure_memcpy(device, timer), False))
+    section("gemm", M.measure_gemm, grid, device, timer, deadline("gemm"))
+    section("prefill", M.measure_prefill, grid, device, timer, deadline("prefill"))
+    section("pool", M.measure_pool, grid, device, timer, deadline("pool"))
 
     notes = (
         f"decode grid: kv_heads={grid.num_kv_heads}, head_dim={grid.head_dim}, group={grid.group}, "
         f"random block tables; configs {configs}; pool {grid.pool_layers} layers. "
         f"correctness {'passed' if ok else 'FAILED'}"
         + (f"; cut by the time budget: {', '.join(truncated)}" if truncated else "")
+        + (f"; failed: {', '.join(failed)}" if failed else "")
         + ". Per-block swap latency includes PyTorch's per-copy dispatch."
     )
     metadata = ProfileMetadata(
@@ -255,16 +273,23 @@ def _run(args: argparse.Namespace) -> int:
         notes=notes + ("" if peak else " HBM peak unknown: hbm_peak_bytes_per_s is a placeholder."),
     )
     shape = {"num_kv_heads": grid.num_kv_heads, "head_dim": grid.head_dim, "group": grid.group}
-    profile = build_profile([r for r in rows if r["section"] != "check"], metadata, shape)
-    profile_path = write_profile(profile, args.out / f"{slug}.yaml")
     summary = summarize(rows, peak)
     summary.update(
-        correctness_passed=ok, truncated_sections=truncated, seconds=time.monotonic() - t_start
+        correctness_passed=ok,
+        truncated_sections=truncated,
+        failed_sections=failed,
+        seconds=time.monotonic() - t_start,
     )
     (args.out / f"{slug}_summary.json").write_text(json.dumps(summary, indent=2, default=str))
     print(format_summary(summary))
+    try:
+        profile = build_profile([r for r in rows if r["section"] != "check"], metadata, shape)
+    except ValueError as e:
+        print(f"no profile written: {e}; raw data in {csv_path}", file=sys.stderr)
+        return 1
+    profile_path = write_profile(profile, args.out / f"{slug}.yaml")
     print(f"wrote {profile_path}, {csv_path} ({time.monotonic() - t_start:.0f} s)")
-    return 0 if ok else 1
+    return 0 if ok and not failed else 1
 
 
 if __name__ == "__main__":

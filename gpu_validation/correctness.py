@@ -79,7 +79,7 @@ def check_decode(
         tol = TOLERANCE[dtype]
         for bs in sizes.block_sizes:
             cases = [
-                ("auto", sizes.num_seqs, sizes.max_context, None),
+                ("single pass", sizes.num_seqs, sizes.max_context, 1),
                 ("split", sizes.split_seqs, sizes.split_context, 4),
             ]
             for label, n, ctx, splits in cases:

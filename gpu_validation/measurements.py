@@ -134,6 +134,20 @@ class BenchGrid:
         return list(self.target_points) + spread
 
 
+def timed(timer: Timer, fn, label: str, **kw) -> float | None:
+    """``timer(fn)``, or None (with a one-line note) when the point cannot run: a launch
+    config that needs more shared memory than the GPU has, an out-of-memory shape. One bad
+    point must not cost the whole calibration."""
+    try:
+        return timer(fn, **kw)
+    except Exception as e:  # any failure of one point is reported and skipped
+        first = (str(e).strip().splitlines() or [""])[0][:160]
+        print(f"  skipped {label}: {type(e).__name__}: {first}")
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return None
+
+
 def kv_bytes(num_tokens: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
     """Bytes of K and V for ``num_tokens`` tokens of one layer."""
     return 2 * num_tokens * num_kv_heads * head_dim * torch.finfo(dtype).bits // 8
@@ -241,7 +255,9 @@ def tune_decode(
             if time.monotonic() > deadline and timings:
                 break
             fn, splits = bench.runner(kernel, batch, context, 16, cfg)
-            t = timer(fn)
+            t = timed(timer, fn, f"tune {kernel} {cfg}")
+            if t is None:
+                continue
             timings.append((t, cfg))
             rows.append(
                 dict(
@@ -256,6 +272,8 @@ def tune_decode(
                     seconds=t,
                 )
             )
+        if not timings:
+            raise RuntimeError(f"no launch config of the {kernel} decode kernel ran")
         best[kernel] = min(timings, key=lambda x: x[0])[1]
     return best, rows
 
@@ -273,7 +291,9 @@ def measure_decode(
         for kernel, bs in kinds:
             cfg = configs[kernel]
             fn, splits = bench.runner(kernel, batch, context, bs, cfg)
-            t = timer(fn)
+            t = timed(timer, fn, f"decode {kernel} bs={bs} batch={batch} context={context}")
+            if t is None:
+                continue
             rows.append(
                 dict(
                     section="decode",
@@ -299,9 +319,11 @@ def measure_split_effect(bench: DecodeBench, timer: Timer, config: DecodeConfig)
     batch, context = min(g.batches), max(g.contexts)
     rows = []
     for label, splits in (("single_pass", 1), ("split_kv", None)):
-        fn, used = bench.runner(
-            "paged", batch, context, 16 if 16 in g.block_sizes else g.block_sizes[0], config, splits
-        )
+        bs = 16 if 16 in g.block_sizes else g.block_sizes[0]
+        fn, used = bench.runner("paged", batch, context, bs, config, splits)
+        t = timed(timer, fn, f"split-KV effect {label}")
+        if t is None:
+            continue
         rows.append(
             dict(
                 section="split_kv",
@@ -310,7 +332,7 @@ def measure_split_effect(bench: DecodeBench, timer: Timer, config: DecodeConfig)
                 context=context,
                 num_splits=used,
                 kv_bytes=kv_bytes(batch * context, g.num_kv_heads, g.head_dim, g.dtype),
-                seconds=timer(fn),
+                seconds=t,
             )
         )
     return rows
@@ -320,8 +342,10 @@ def measure_memcpy(device: torch.device, timer: Timer, nbytes: int = 1 << 30) ->
     """Device-to-device copy: the bandwidth a streaming kernel can practically reach."""
     src = torch.empty(nbytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    t = timer(lambda: dst.copy_(src))
-    return [dict(section="memcpy", bytes=2 * nbytes, seconds=t)]  # read + write
+    t = timed(timer, lambda: dst.copy_(src), "memcpy")
+    return (
+        [] if t is None else [dict(section="memcpy", bytes=2 * nbytes, seconds=t)]
+    )  # read + write
 
 
 def measure_gemm(
@@ -340,7 +364,9 @@ def measure_gemm(
             x_by_k[k] = torch.randn(max_m, k, generator=gen, device=device, dtype=grid.dtype)
         for m in grid.gemm_ms:
             x = x_by_k[k][:m]
-            t = timer(partial(F.linear, x, w))
+            t = timed(timer, partial(F.linear, x, w), f"gemm m={m} n={n} k={k}")
+            if t is None:
+                continue
             rows.append(dict(section="gemm", m=m, n=n, k=k, flops=2 * m * n * k, seconds=t))
         del w
     return rows, False
@@ -360,7 +386,13 @@ def measure_prefill(
             torch.randn(batch, H, length, D, generator=gen, device=device, dtype=grid.dtype)
             for _ in range(3)
         )
-        t = timer(partial(F.scaled_dot_product_attention, q, k, v, is_causal=True))
+        t = timed(
+            timer,
+            partial(F.scaled_dot_product_attention, q, k, v, is_causal=True),
+            f"prefill {batch}x{length}",
+        )
+        if t is None:
+            continue
         pairs = batch * length * (length + 1) // 2
         rows.append(
             dict(
@@ -423,7 +455,9 @@ def _measure_pool_at(
             continue
         perm = torch.randperm(num_blocks, generator=gen)[: 2 * n]
         src, dst = perm[:n].to(device), perm[n:].to(device)
-        t = timer(partial(copy_blocks, pool.kv, src, dst))
+        t = timed(timer, partial(copy_blocks, pool.kv, src, dst), f"block copy bs={bs} n={n}")
+        if t is None:
+            continue
         rows.append(
             dict(section="block_copy", block_size=bs, blocks=n, bytes=n * block_bytes, seconds=t)
         )
@@ -438,9 +472,18 @@ def _measure_pool_at(
                     fn = partial(pool.copy_to_host, dev_blocks, host_blocks, batched=batched)
                 else:
                     fn = partial(pool.copy_to_device, host_blocks, dev_blocks, batched=batched)
-                transfers = fn()
+                try:
+                    transfers = fn()  # also a warm-up; returns the transfers issued
+                except Exception as e:
+                    print(
+                        f"  skipped swap {mode} {direction} bs={bs} n={n}: {type(e).__name__}: {e}"
+                    )
+                    continue
                 # per-block mode issues thousands of copies per call: fewer repetitions
-                t = timer(fn, reps=None if batched else max(3, timer.reps // 2))
+                reps = None if batched else max(3, timer.reps // 2)
+                t = timed(timer, fn, f"swap {mode} {direction} bs={bs} n={n}", reps=reps)
+                if t is None:
+                    continue
                 rows.append(
                     dict(
                         section="swap",

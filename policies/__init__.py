@@ -11,7 +11,14 @@ from policies.contiguous_allocator import (
 from policies.kv_allocator import Admission, KVAllocator, MemoryUsage, SwapResult
 from policies.paged_allocator import PagedAllocator
 from policies.reservation import RESERVATION_POLICIES, reservation_slots
-from policies.slot_space import PLACEMENTS, BestFitSpace, BuddySpace, FirstFitSpace, SlotSpace, make_slot_space
+from policies.slot_space import (
+    PLACEMENTS,
+    BestFitSpace,
+    BuddySpace,
+    FirstFitSpace,
+    SlotSpace,
+    make_slot_space,
+)
 
 __all__ = [
     "Admission", "BestFitSpace", "BlockPool", "BuddySpace", "CONTIGUOUS_PRESETS", "ContiguousAllocator",

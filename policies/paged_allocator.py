@@ -317,7 +317,7 @@ class PagedAllocator(KVAllocator):
         used = self.pool.num_used - len(self._evictable) + new_blocks
         token_states = self._token_states + n * i
         # Apply: extend block tables, fill the blocks, bump lengths.
-        filled, tables, pool = self._filled, self._tables, self.pool
+        filled, tables = self._filled, self._tables
         for s, k0, k1 in zip(seq_ids, kv0.tolist(), (kv0 + steps).tolist()):
             table = tables[s]
             if k0 % B:
@@ -396,13 +396,13 @@ class PagedAllocator(KVAllocator):
             refs = cpu_refs if s in self._swapped else gpu_refs
             for b in table:
                 refs[b] += 1
+            assert blocks_for(self._kv[s], self.block_size) == len(table), f"seq {s}: table length"
         for key, b in self._cached.items():
             assert self._key_of[b] == key, f"cache index of block {b} is inconsistent"
             gpu_refs[b] += 1  # the cache's own reference
         assert len(self._key_of) == len(self._cached)
         for b in self._evictable:
             assert b in self._key_of and self.pool.refcount(b) == 1, f"evictable block {b} is still held"
-            assert blocks_for(self._kv[s], self.block_size) == len(table), f"seq {s}: table length"
         for b in range(self.pool.num_blocks):
             assert gpu_refs[b] == self.pool.refcount(b), f"GPU block {b}: refcount is not exact"
         for b in range(self.cpu_pool.num_blocks):

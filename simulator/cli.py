@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -112,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except FileNotFoundError as e:
-        print(f"error: {e.filename or e}: file not found", file=sys.stderr)
+        print(f"error: {e.filename}: file not found" if e.filename else f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -121,5 +120,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
-
-__all__ = ["main", "build_parser", "summary_table", "Path"]

@@ -102,15 +102,28 @@ class AllocatorConfig(Strict):
 
 
 class SchedulerConfig(Strict):
+    """vLLM v0 scheduling limits; ``batching: request`` is FasterTransformer's request-level batching."""
+
     max_num_seqs: int = Field(256, ge=1)
     max_num_batched_tokens: int | None = Field(None, ge=1, description="default: max(2048, max_seq_len)")
     batching: Literal["iteration", "request"] = "iteration"
     router: Literal["round_robin", "least_outstanding_tokens"] = "round_robin"
+    macro_steps: bool = True  # advance runs of identical decode steps at once (same results, faster)
 
 
 class PreemptionConfig(Strict):
+    """``auto`` is vLLM's default: recompute single-sequence groups, swap multi-sequence ones."""
+
     mode: Literal["recompute", "swap", "auto"] = "auto"
     swap_fallback: Literal["recompute", "abort"] = "recompute"
+    overlap_swap: bool = False  # swaps use the PCIe link while the GPU computes (max instead of sum)
+
+
+class DecodingConfig(Strict):
+    """How parallel samples and beams behave (see ``simulator.decoding``)."""
+
+    sample_lengths: Literal["same", "independent"] = "same"
+    beam_concentration: float = Field(1.0, ge=0, description="0 = parents chosen uniformly")
 
 
 class CostModelConfig(Strict):
@@ -145,6 +158,7 @@ class ExperimentConfig(Strict):
     allocator: AllocatorConfig = AllocatorConfig()
     scheduler: SchedulerConfig = SchedulerConfig()
     preemption: PreemptionConfig = PreemptionConfig()
+    decoding: DecodingConfig = DecodingConfig()
     cost_model: CostModelConfig = CostModelConfig()
     metrics: MetricsConfig = MetricsConfig()
     output_dir: str = "results"
@@ -160,6 +174,11 @@ class ExperimentConfig(Strict):
             )
         if self.kv_slots < self.allocator.block_size:
             raise ValueError(f"KV cache of {self.kv_slots} slots holds less than one block")
+        if self.max_num_batched_tokens < self.model.context_len:
+            raise ValueError(
+                f"scheduler.max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= the model's "
+                f"max_seq_len ({self.model.context_len}), or long prompts could never be scheduled"
+            )
         return self
 
     @property

@@ -1,7 +1,17 @@
-"""Plots users look at: memory timelines and breakdowns (matplotlib, Agg backend)."""
+"""Plots users look at (matplotlib, Agg backend): memory timelines and breakdowns, batched
+requests per system, normalized latency vs request rate with the sustainable rate marked,
+block-size sweeps, swap vs recompute.
+
+Every figure is written as PNG (for a glance) and, on request, SVG (for papers and slides):
+pass ``formats=("png", "svg")``; the other files sit next to ``path`` with their own suffix.
+Axis labels carry units; systems keep one color across the figures of a sweep when the same
+ordered list of system names is drawn.
+"""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import matplotlib
@@ -31,53 +41,256 @@ CLASS_COLORS = {
 }
 
 
-def _save(fig, path: Path) -> Path:
+# One look for every figure: no top/right frame, a light grid, legends without a box.
+STYLE = {
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "grid.linewidth": 0.6,
+    "axes.titlesize": 11,
+    "axes.titleweight": "bold",
+    "axes.labelsize": 10,
+    "legend.frameon": False,
+    "legend.fontsize": 8,
+    "font.size": 9,
+    "savefig.facecolor": "white",
+}
+
+# Okabe-Ito: distinguishable with the common kinds of color blindness.
+SYSTEM_COLORS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#F0E442")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+
+
+def system_color(i: int) -> str:
+    return SYSTEM_COLORS[i % len(SYSTEM_COLORS)]
+
+
+def _save(fig, path: Path, formats: Sequence[str] | None = None) -> Path:
+    """Write ``path``, or with ``formats`` one file per format next to it (the suffix
+    replaced); return ``path``'s own file (the first one written if its suffix is not in
+    ``formats``)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=130, bbox_inches="tight")
+    targets = _paths(path, formats) if formats else [path]
+    for target in targets:
+        fig.savefig(target, dpi=130, bbox_inches="tight")
     plt.close(fig)
-    return path
+    return path if path in targets else targets[0]
+
+
+def _paths(path: Path, formats: Sequence[str]) -> list[Path]:
+    return [Path(path).with_suffix(f".{f}") for f in formats]
 
 
 def plot_memory_timeline(steps: pd.DataFrame, capacity_slots: int, path: Path, title: str = "",
-                         replica: int = 0, max_points: int = 4000) -> Path:
+                         replica: int = 0, max_points: int = 4000, formats: Sequence[str] | None = None) -> Path:
     """Stacked share of KV capacity per memory class over simulated time (one replica)."""
     df = steps[steps["replica"] == replica] if "replica" in steps else steps
     if len(df) > max_points:  # keep the figure light: sample steps evenly
         df = df.iloc[np.linspace(0, len(df) - 1, max_points).astype(int)]
-    fig, ax = plt.subplots(figsize=(9, 4))
-    t = df["start_s"].to_numpy()
-    ys = [df[c].to_numpy() / capacity_slots * 100 for c in CLASSES]
-    ax.stackplot(t, ys, labels=[CLASS_LABELS[c] for c in CLASSES], colors=[CLASS_COLORS[c] for c in CLASSES],
-                 step="post")
-    ax.set_xlabel("simulated time (s)")
-    ax.set_ylabel("share of KV cache (%)")
-    ax.set_ylim(0, 100)
-    if len(t):
-        ax.set_xlim(t[0], t[-1])
-    ax.set_title(title or "KV cache memory over time")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8, frameon=False)
-    return _save(fig, path)
+    with plt.rc_context(STYLE):
+        fig, ax = plt.subplots(figsize=(9, 4))
+        ax.grid(False)
+        t = df["start_s"].to_numpy()
+        ys = [df[c].to_numpy() / capacity_slots * 100 for c in CLASSES]
+        ax.stackplot(t, ys, labels=[CLASS_LABELS[c] for c in CLASSES],
+                     colors=[CLASS_COLORS[c] for c in CLASSES], step="post")
+        ax.set_xlabel("simulated time (s)")
+        ax.set_ylabel("share of KV cache (%)")
+        ax.set_ylim(0, 100)
+        if len(t):
+            ax.set_xlim(t[0], t[-1])
+        ax.set_title(title or "KV cache memory over time")
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8, frameon=False)
+        return _save(fig, path, formats)
 
 
-def plot_memory_breakdown(rows: dict[str, dict], path: Path, title: str = "KV cache usage by system") -> Path:
+def plot_memory_breakdown(rows: dict[str, dict], path: Path, title: str = "KV cache usage by system",
+                          formats: Sequence[str] | None = None) -> Path:
     """Stacked horizontal bars of time-weighted memory classes, one bar per system.
 
     ``rows`` maps a system label to a summary dict (``mem_<class>_perc`` keys).
     """
     labels = list(rows)
-    fig, ax = plt.subplots(figsize=(9, 0.6 * len(labels) + 1.5))
-    left = np.zeros(len(labels))
-    for c in CLASSES:
-        vals = np.array([rows[k].get(f"mem_{c}_perc", 0.0) for k in labels])
-        ax.barh(labels, vals, left=left, color=CLASS_COLORS[c], label=CLASS_LABELS[c], edgecolor="white")
-        for i, v in enumerate(vals):
-            if v >= 6:
-                ax.text(left[i] + v / 2, i, f"{v:.0f}%", ha="center", va="center", fontsize=8)
-        left += vals
-    ax.set_xlim(0, 100)
-    ax.set_xlabel("share of KV cache, time-weighted (%)")
-    ax.invert_yaxis()
-    ax.set_title(title)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=3, fontsize=8, frameon=False)
-    return _save(fig, path)
+    with plt.rc_context(STYLE):
+        fig, ax = plt.subplots(figsize=(9, 0.45 * len(labels) + 1.8))
+        ax.grid(axis="y", visible=False)
+        left = np.zeros(len(labels))
+        for c in CLASSES:
+            vals = np.array([rows[k].get(f"mem_{c}_perc", 0.0) for k in labels], dtype=float)
+            vals = np.nan_to_num(vals)
+            ax.barh(labels, vals, left=left, color=CLASS_COLORS[c], label=CLASS_LABELS[c], edgecolor="white")
+            for i, v in enumerate(vals):
+                if v >= 6:
+                    dark = c in ("token_states", "external_frag")
+                    ax.text(left[i] + v / 2, i, f"{v:.0f}%", ha="center", va="center", fontsize=8,
+                            color="white" if dark else "black")
+            left += vals
+        ax.set_xlim(0, 100)
+        ax.set_xlabel("share of KV cache, time-weighted (%)")
+        ax.invert_yaxis()
+        ax.set_title(title)
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.6 / (len(labels) + 3)), ncol=3,
+                  fontsize=8, frameon=False)
+        return _save(fig, path, formats)
+
+
+def plot_batched_requests(values: Mapping[str, float], path: Path,
+                          title: str = "Mean batched requests by system",
+                          formats: Sequence[str] = ("png", "svg")) -> list[Path]:
+    """One horizontal bar per system: requests in a batch, time-weighted over busy time.
+
+    More requests per batch is the throughput lever of better KV memory management
+    (the vLLM paper's Fig. 13).
+    """
+    labels = list(values)
+    vals = np.nan_to_num(np.array([values[k] for k in labels], dtype=float))
+    with plt.rc_context(STYLE):
+        fig, ax = plt.subplots(figsize=(7.5, 0.45 * len(labels) + 1.4))
+        ax.grid(axis="y", visible=False)
+        bars = ax.barh(labels, vals, color=[system_color(i) for i in range(len(labels))])
+        ax.bar_label(bars, labels=[f"{v:.1f}" for v in vals], padding=3, fontsize=8)
+        ax.set_xlabel("mean batched requests (requests per iteration, time-weighted)")
+        ax.set_xlim(0, max(vals.max(initial=0) * 1.15, 1))
+        ax.invert_yaxis()
+        ax.set_title(title)
+        _save(fig, path, formats)
+    return _paths(path, formats)
+
+
+def plot_latency_vs_rate(curves: Mapping[str, tuple[Sequence[float], Sequence[float]]], path: Path,
+                         sustainable: Mapping[str, float | None] | None = None, threshold: float | None = None,
+                         rate_label: str = "request rate (req/s)",
+                         title: str = "Normalized latency vs request rate",
+                         formats: Sequence[str] = ("png", "svg")) -> list[Path]:
+    """Normalized latency (s/token) against the rate, one line per system (the vLLM paper's
+    Fig. 12), each system's sustainable rate marked by a dotted vertical line and labelled.
+
+    ``curves`` maps a system to (rates, normalized latencies); ``threshold`` (s/token) is
+    drawn as a dashed line. Past the knee latency explodes, so the y-axis stops at a few
+    times the threshold and lines leave the top, as in the paper.
+    """
+    sustainable = sustainable or {}
+    with plt.rc_context(STYLE):
+        fig, ax = plt.subplots(figsize=(7.5, 4.5))
+        ymax = 0.0
+        for i, (name, (rates, lat)) in enumerate(curves.items()):
+            order = np.argsort(np.asarray(rates, float))
+            x = np.asarray(rates, float)[order]
+            y = np.asarray(lat, float)[order]
+            ax.plot(x, y, marker=MARKERS[i % len(MARKERS)], ms=4, lw=1.8, color=system_color(i), label=name)
+            finite = y[np.isfinite(y)]
+            ymax = max(ymax, finite.max(initial=0.0))
+        top = ymax * 1.08 if ymax > 0 else 1.0
+        if threshold is not None:
+            top = min(top, 4 * threshold) if ymax > 4 * threshold else max(top, 1.25 * threshold)
+            ax.axhline(threshold, ls="--", lw=1, color="0.4")
+            ax.text(ax.get_xlim()[0], threshold, f" bound {threshold:g} s/token", va="bottom", ha="left",
+                    fontsize=8, color="0.3")
+        ax.set_ylim(0, top)
+        for i, name in enumerate(curves):
+            rate = sustainable.get(name)
+            if rate is None or not math.isfinite(rate):
+                continue
+            ax.axvline(rate, ls=":", lw=1.5, color=system_color(i))
+            ax.annotate(f"{rate:.3g}", xy=(rate, top), xytext=(2, -4 - 11 * (i % 4)), textcoords="offset points",
+                        ha="left", va="top", fontsize=8, color=system_color(i), fontweight="bold")
+        ax.set_xlim(left=0)
+        ax.set_xlabel(rate_label)
+        ax.set_ylabel("normalized latency (s/token)")
+        ax.set_title(title)
+        ax.legend(loc="upper left", title="system (dotted: sustainable rate)", title_fontsize=8)
+        _save(fig, path, formats)
+    return _paths(path, formats)
+
+
+def plot_block_size_sweep(curves: Mapping[str, pd.DataFrame], path: Path, block_col: str = "allocator.block_size",
+                          title: str = "Block size", formats: Sequence[str] = ("png", "svg")) -> list[Path]:
+    """Three panels against the block size (tokens, log2 axis), one line per system:
+    normalized latency (s/token), output throughput (tokens/s) and internal fragmentation
+    (% of KV cache). Small blocks cost kernel efficiency, large ones waste memory in the
+    last block of each sequence (the vLLM paper's Fig. 18).
+
+    ``curves`` maps a system to a summary table with a ``block_col`` column.
+    """
+    panels = (("normalized_latency_s_per_token", "normalized latency (s/token)"),
+              ("output_throughput", "output throughput (tokens/s)"),
+              ("mem_internal_frag_perc", "internal fragmentation (% of KV cache)"))
+    with plt.rc_context(STYLE):
+        fig, axes = plt.subplots(1, 3, figsize=(13, 3.9))
+        ticks: set[int] = set()
+        for i, (name, df) in enumerate(curves.items()):
+            df = df.sort_values(block_col)
+            x = df[block_col].to_numpy(float)
+            ticks.update(int(v) for v in x)
+            for ax, (col, _) in zip(axes, panels):
+                y = df[col].to_numpy(float) if col in df else np.full(len(x), np.nan)
+                ax.plot(x, y, marker=MARKERS[i % len(MARKERS)], ms=4, lw=1.8, color=system_color(i), label=name)
+        for ax, (_, label) in zip(axes, panels):
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(sorted(ticks))
+            ax.set_xticklabels([str(t) for t in sorted(ticks)])
+            ax.minorticks_off()
+            ax.set_xlabel("block size (tokens)")
+            ax.set_ylabel(label)
+            ax.set_ylim(bottom=0)
+        if len(curves) > 1:
+            axes[0].legend(loc="best")
+        fig.suptitle(title, fontweight="bold")
+        fig.tight_layout()
+        _save(fig, path, formats)
+    return _paths(path, formats)
+
+
+def plot_swap_vs_recompute(curves: Mapping[str, pd.DataFrame], path: Path, x_col: str | None = None,
+                           x_label: str = "", title: str = "Swap vs recompute",
+                           formats: Sequence[str] = ("png", "svg")) -> list[Path]:
+    """Preemption by swapping vs by recomputation (the vLLM paper's Fig. 19).
+
+    Left: normalized latency (s/token); right: time the engine spent on preemption
+    (s: PCIe transfers for swap, prefill redone for recompute). ``curves`` maps a mode
+    (or a system) to a summary table; with ``x_col`` (e.g. the block size) each is a line
+    against it, else each is a bar.
+    """
+    with plt.rc_context(STYLE):
+        fig, (ax_l, ax_r) = plt.subplots(1, 2, figsize=(11, 4))
+        names = list(curves)
+        if x_col is None:
+            lat = [float(curves[n]["normalized_latency_s_per_token"].mean()) for n in names]
+            swap = [float(curves[n].get("swap_time_s", pd.Series([0.0])).mean()) for n in names]
+            rec = [float(curves[n].get("recompute_time_s", pd.Series([0.0])).mean()) for n in names]
+            colors = [system_color(i) for i in range(len(names))]
+            bars = ax_l.bar(names, np.nan_to_num(lat), color=colors)
+            ax_l.bar_label(bars, labels=[f"{v:.3g}" for v in lat], fontsize=8, padding=2)
+            ax_r.bar(names, np.nan_to_num(swap), color="#56B4E9", label="swap transfers")
+            ax_r.bar(names, np.nan_to_num(rec), bottom=np.nan_to_num(swap), color="#E69F00", label="recomputation")
+            ax_r.legend(loc="upper right")
+            for ax in (ax_l, ax_r):
+                ax.grid(axis="x", visible=False)
+        else:
+            ticks: set = set()
+            for i, n in enumerate(names):
+                df = curves[n].sort_values(x_col)
+                x = df[x_col].to_numpy(float)
+                ticks.update(x.tolist())
+                c, m = system_color(i), MARKERS[i % len(MARKERS)]
+                ax_l.plot(x, df["normalized_latency_s_per_token"], marker=m, ms=4, lw=1.8, color=c, label=n)
+                overhead = df.get("swap_time_s", 0.0) + df.get("recompute_time_s", 0.0)
+                ax_r.plot(x, np.asarray(overhead, float), marker=m, ms=4, lw=1.8, color=c, label=n)
+            for ax in (ax_l, ax_r):
+                if x_col.endswith("block_size"):
+                    ax.set_xscale("log", base=2)
+                    ax.set_xticks(sorted(ticks))
+                    ax.set_xticklabels([f"{t:g}" for t in sorted(ticks)])
+                    ax.minorticks_off()
+                ax.set_xlabel(x_label or x_col)
+            ax_l.legend(loc="best")
+        ax_l.set_ylabel("normalized latency (s/token)")
+        ax_r.set_ylabel("time spent on preemption (s)")
+        ax_l.set_ylim(bottom=0)
+        ax_r.set_ylim(bottom=0)
+        fig.suptitle(title, fontweight="bold")
+        fig.tight_layout()
+        _save(fig, path, formats)
+    return _paths(path, formats)

@@ -167,6 +167,15 @@ class RateBisection:
         good, bad = self._bracket()
         return [self._midpoint(good, bad)]
 
+    def remaining_estimate(self) -> int:
+        """Rates still to evaluate if the knee lies inside the range (for progress bars)."""
+        if self.done:
+            return 0
+        ends = sum(r not in self.points for r in (self.lo, self.hi))
+        good, bad = self._bracket()
+        width = (bad - good) if ends == 0 else (self.hi - self.lo)
+        return ends + max(0, math.ceil(math.log2(width / self.tolerance)))
+
     def record(self, rate: float, sustainable: bool) -> None:
         self.points[float(rate)] = bool(sustainable)
 

@@ -50,7 +50,7 @@ def make_allocator_factory(cfg: ExperimentConfig) -> Callable[[], KVAllocator]:
     a = cfg.allocator
     if a.kind == "paged":
         B = a.block_size
-        return lambda: PagedAllocator(slots // B, B, swap // B)
+        return lambda: PagedAllocator(slots // B, B, swap // B, prefix_caching=a.prefix_caching)
     placement, reservation, _ = allocator_settings(cfg)
     max_len = a.max_seq_len or cfg.model.context_len
     return lambda: ContiguousAllocator(slots, placement, reservation, max_len, swap)
@@ -81,7 +81,23 @@ def scheduler_limits(cfg: ExperimentConfig) -> SchedulerLimits:
         request_level_batching=request_level,
         preemption=cfg.preemption.mode,
         swap_fallback=cfg.preemption.swap_fallback,
+        sample_lengths=cfg.decoding.sample_lengths,
+        beam_concentration=cfg.decoding.beam_concentration,
+        seed=cfg.seed,
     )
+
+
+def allocator_stats(allocators: list[KVAllocator], kv_bytes_per_token: int, summary: dict) -> dict:
+    """Prefix-cache and traffic counters summed over replicas."""
+    lookups = sum(getattr(a, "prefix_lookups", 0) for a in allocators)
+    hits = sum(getattr(a, "prefix_hits", 0) for a in allocators)
+    return {
+        "prefix_cache_lookups": lookups,
+        "prefix_cache_hit_ratio": hits / lookups if lookups else 0.0,
+        "prefix_cache_evictions": sum(getattr(a, "evictions", 0) for a in allocators),
+        "swap_out_bytes": summary.get("swap_out_slots", 0) * kv_bytes_per_token,
+        "swap_in_bytes": summary.get("swap_in_slots", 0) * kv_bytes_per_token,
+    }
 
 
 def run_experiment(cfg: ExperimentConfig, base_dir: Path = Path("."),
@@ -91,7 +107,8 @@ def run_experiment(cfg: ExperimentConfig, base_dir: Path = Path("."),
     if requests is None:
         requests = build_requests(cfg.workload, base_dir=base_dir, seed=cfg.seed, max_seq_len=cfg.model.context_len)
     sim = Simulation(requests, make_allocator_factory(cfg), make_cost_factory(cfg, base_dir),
-                     scheduler_limits(cfg), cfg.hardware.num_replicas, cfg.scheduler.router)
+                     scheduler_limits(cfg), cfg.hardware.num_replicas, cfg.scheduler.router,
+                     macro_steps=cfg.scheduler.macro_steps, overlap_swap=cfg.preemption.overlap_swap)
     sim.run()
     req_df = request_frame(sim.request_rows)
     steps = sim.steps.frame()
@@ -101,5 +118,7 @@ def run_experiment(cfg: ExperimentConfig, base_dir: Path = Path("."),
     capacity = sim.replicas[0].scheduler.alloc.capacity
     summary = summarize(req_df, steps, itl, capacity, cfg.metrics.slo_ttft_ms, cfg.metrics.slo_tpot_ms)
     summary["kv_capacity_slots"] = capacity
+    summary.update(allocator_stats([r.scheduler.alloc for r in sim.replicas], cfg.model.spec.kv_bytes_per_token,
+                                   summary))
     wall = time.perf_counter() - t0
     return RunResult(cfg, summary, req_df, steps, wall)

@@ -215,7 +215,11 @@ def test_missing_file_lists_where_it_looked(tmp_path):
         ("{trace: {path: a.csv}, n: 0}", "n", "greater than or equal to 1"),
         ("{trace: {path: a.csv}, n: 4, beam_width: 2}", "", "n (4) must be <= beam_width (2)"),
         ("{trace: {format: mooncake, path: a.jsonl}, shared_prefix: {tokens: 5}}", "", "hash_ids"),
-        ("{trace: {path: a.csv}, shared_prefix: {tokens: 0}}", "shared_prefix.tokens", ">= 1"),
+        (
+            "{trace: {path: a.csv}, shared_prefix: {tokens: 0}}",
+            "shared_prefix.tokens",
+            "greater than or equal to 1",
+        ),
         (
             "{arrivals: {kind: gamma, rate: 1}, lengths: {kind: preset, name: sharegpt-paper},"
             " num_requests: 5}",

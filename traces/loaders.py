@@ -199,7 +199,9 @@ def _requests(path: Path, fmt: TraceFormat, on_unsorted: str) -> Iterator[Reques
         if ids is None:
             yield Request(request_id, time - origin, prompt, output)
         else:
-            yield Request(request_id, time - origin, prompt, output, 1, 1, None, 0, ids, block)
+            yield Request(
+                request_id, time - origin, prompt, output, hash_ids=ids, hash_block_tokens=block
+            )
 
 
 def _first_disorder(path: Path, fmt: TraceFormat) -> tuple[int, int] | None:

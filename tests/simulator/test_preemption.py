@@ -1,0 +1,83 @@
+"""Swap vs recompute (DESIGN.md "Preemption"), with a bounded CPU swap pool."""
+
+import random
+
+import pytest
+
+from policies.paged_allocator import PagedAllocator
+from simulator.cost_model import GPUS, MODELS, BatchShape, RooflineCostModel, causal_attention_pairs
+from traces import Request
+
+
+def heavy(count=200, seed=0, **extra):
+    rng = random.Random(seed)
+    return [Request(i, i * 0.01, rng.randint(50, 400), rng.randint(50, 400), **extra) for i in range(count)]
+
+
+def test_every_swapped_block_comes_back_or_is_freed(simulate):
+    allocs = []
+
+    def make():
+        allocs.append(PagedAllocator(80, 16, swap_blocks=200))
+        return allocs[-1]
+
+    _, df, steps = simulate(heavy(), allocator=make, preemption="swap")
+    assert steps["preempted_swap"].sum() > 0
+    assert (df["status"] == "finished").all()
+    assert (df["swapped_out_blocks"] == df["swapped_in_blocks"]).all()
+    a = allocs[0]
+    assert a.pool.num_free == 80 and a.cpu_pool.num_free == 200
+    a.check()
+
+
+def test_no_admission_while_anything_is_swapped(simulate):
+    _, _, steps = simulate(heavy(), num_blocks=80, swap_blocks=200, preemption="swap")
+    prefill_steps = steps[steps["prefill_tokens"] > 0]
+    assert len(prefill_steps) > 0 and (steps["swapped"] > 0).any()
+    assert (prefill_steps["swapped"] == 0).all()
+    assert (prefill_steps["preempted_swap"] == 0).all()
+
+
+def test_swap_space_exhausted_falls_back_to_recompute(simulate):
+    _, df, steps = simulate(heavy(), num_blocks=80, swap_blocks=0, preemption="swap", swap_fallback="recompute")
+    assert steps["preempted_swap"].sum() == 0 and steps["preempted_recompute"].sum() > 0
+    assert (df["status"] == "finished").all() and df["recomputed_tokens"].sum() > 0
+
+
+def test_swap_space_exhausted_aborts_with_reason(simulate):
+    _, df, steps = simulate(heavy(), num_blocks=80, swap_blocks=0, preemption="swap", swap_fallback="abort")
+    aborted = df[df.status == "aborted"]
+    assert len(aborted) == steps["aborted"].sum() > 0
+    assert (aborted["reason"] == "CPU swap space exhausted").all()
+    assert set(df["status"]) == {"finished", "aborted"}
+
+
+@pytest.mark.parametrize("mode,expect_swap", [("auto", True), ("recompute", False)])
+def test_auto_swaps_multi_sequence_groups_and_recomputes_single(simulate, mode, expect_swap):
+    reqs = heavy(60, seed=1, n=3) + [Request(1000 + i, 0.6 + i * 0.01, 200, 300) for i in range(60)]
+    reqs.sort(key=lambda r: r.arrival_time)
+    reqs = [Request(i, r.arrival_time, r.prompt_tokens, r.output_tokens, n=r.n) for i, r in enumerate(reqs)]
+    _, df, steps = simulate(reqs, num_blocks=120, swap_blocks=400, preemption=mode)
+    assert (steps["preempted_swap"].sum() > 0) == expect_swap
+    if mode == "auto":
+        swapped = df[df.swapped_out_blocks > 0]
+        assert (swapped["num_seqs"] == 3).all()  # only multi-sequence groups swap
+    assert (df.status == "finished").all()
+
+
+def test_recompute_pays_the_prefill_again(simulate):
+    # Two requests; in 12 blocks of 16 the later one is preempted once and recomputed.
+    reqs = [Request(0, 0.0, 64, 120), Request(1, 0.001, 64, 60)]
+    _, tight, steps = simulate(reqs, num_blocks=12, block_size=16, preemption="recompute", watermark=0.0)
+    _, ample, _ = simulate(reqs, num_blocks=200, block_size=16, preemption="recompute", watermark=0.0)
+    victim = tight[tight.request_id == 1].iloc[0]
+    assert victim.preemptions == 1 and tight.preemptions.sum() == 1
+    redo = steps[steps.recompute_tokens > 0]
+    assert len(redo) == 1
+    # Its prompt plus the tokens generated before preemption are prefilled again.
+    assert redo.recompute_tokens.iloc[0] == victim.recomputed_tokens + 1
+    cost = RooflineCostModel(MODELS["llama-2-7b"], GPUS["a100-80gb"])
+    t = redo.recompute_tokens.iloc[0]
+    prefill_s = cost.step_time(BatchShape(prefill_seqs=1, prefill_tokens=t, prefill_attn_pairs=causal_attention_pairs(t)))
+    delay = victim.finish_s - ample[ample.request_id == 1].iloc[0].finish_s
+    assert delay >= prefill_s
