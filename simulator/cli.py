@@ -1,6 +1,8 @@
 """The ``kvsim`` command line.
 
     kvsim run CONFIG [--set KEY=VALUE ...]   simulate one experiment
+    kvsim sweep SWEEP [--grid KEY=V1,V2 ...] run a grid of experiments (resumable)
+    kvsim plot RESULTS                       draw a sweep's or a run's figures
     kvsim trace stats FILE | trace plot FILE inspect a trace
     kvsim calibrate [...]                    measure a GPU (needs CUDA; see gpu_validation)
 
@@ -68,6 +70,101 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _parse_find_rate(text: str) -> dict:
+    """``lo=0.5,hi=16[,key=...,tolerance=...,max_normalized_latency=...]`` -> a mapping."""
+    import yaml
+
+    from simulator.sweep import SweepError
+
+    out = {}
+    for part in text.split(","):
+        if "=" not in part:
+            raise SweepError(f"--find-rate {text}: expected KEY=VALUE pairs, e.g. lo=0.5,hi=16")
+        k, v = part.split("=", 1)
+        out[k.strip()] = yaml.safe_load(v) if v.strip() else None
+    return out
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from simulator.sweep import expand_points, load_sweep, run_sweep, validate_points
+
+    spec = load_sweep(args.sweep, grid=args.grid or [], zip_axes=args.zip or [], set_=args.set or [],
+                      name=args.name, output_dir=args.out,
+                      find_rate=_parse_find_rate(args.find_rate) if args.find_rate else None)
+    console = Console()
+    points = expand_points(spec)
+    if args.dry_run:
+        validate_points(spec, points)
+        for p in points:
+            values = ", ".join(f"{k}={v}" for k, v in p.params.items()) or "(base config)"
+            console.print(f"{p.index:4d}  {p.label}  [dim]{values}[/dim]", highlight=False)
+        what = f"rate searches over {spec.find_rate.key}" if spec.find_rate else "runs"
+        console.print(f"{len(points)} {what}, all valid; results would go to {spec.dir}")
+        return 0
+    result = run_sweep(spec, args.executor, workers=args.workers, address=args.address,
+                       retry_failed=args.retry_failed, plot_runs=args.plot_runs,
+                       progress=not args.no_progress)
+    console.print(sweep_table(result.table, spec.param_keys, f"sweep {spec.name}"))
+    if result.rates is not None:
+        console.print(rates_table(result.rates, f"sustainable rate ({spec.find_rate.criterion.describe()})"))
+    console.print(f"{len(result.table)} runs: {result.executed} simulated now, {result.reused} already done, "
+                  f"{result.failed} failed")
+    for p in result.paths:
+        console.print(f"table:   {p}", highlight=False)
+    if args.plot:
+        from simulator.plot_cli import PlotError, plot_sweep
+
+        try:
+            for p in plot_sweep(result.dir):
+                console.print(f"plot:    {p}", highlight=False)
+        except PlotError as e:
+            console.print(f"[yellow]no plots: {e}[/yellow]")
+    if result.failed:
+        print(f"error: {result.failed} runs failed; their errors are in the error column of "
+              f"{result.dir / 'sweep.csv'} (rerun with --retry-failed)", file=sys.stderr)
+        return 1
+    return 0
+
+
+SWEEP_COLUMNS = (
+    ("normalized_latency_s_per_token", "norm. latency (s/tok)", "{:.4f}"),
+    ("request_throughput", "req/s", "{:.3f}"),
+    ("mean_batched_requests", "batched", "{:.1f}"),
+    ("kv_cache_usage_perc", "KV alloc %", "{:.1f}"),
+)
+
+
+def sweep_table(table, params, title: str, max_rows: int = 40) -> Table:
+    """The first ``max_rows`` rows of a sweep: system, varied values, status, headline metrics."""
+    t = Table(title=title, header_style="bold")
+    for col in ("run", "system", *params, "status"):
+        t.add_column(col.rsplit(".", 1)[-1])
+    for _, label, _ in SWEEP_COLUMNS:
+        t.add_column(label, justify="right")
+    for _, row in table.head(max_rows).iterrows():
+        cells = [str(row["run"]), str(row["system"]), *(str(row[p]) for p in params)]
+        cells.append("[green]ok[/green]" if row["status"] == "ok" else f"[red]{row['status']}[/red]")
+        for key, _, fmt in SWEEP_COLUMNS:
+            v = row.get(key)
+            cells.append("-" if v is None or v != v else fmt.format(v))
+        t.add_row(*cells)
+    if len(table) > max_rows:
+        t.caption = f"{len(table) - max_rows} more rows in the table files"
+    return t
+
+
+def rates_table(rates, title: str) -> Table:
+    t = Table(title=title, header_style="bold")
+    for col in ("system", "sustainable rate", "search", "bracket", "runs"):
+        t.add_column(col)
+    for _, r in rates.iterrows():
+        rate = "-" if r["sustainable_rate"] != r["sustainable_rate"] else f"{r['sustainable_rate']:g}"
+        bracket = f"[{r['bracket_lo']:g}, {r['bracket_hi']:g}]" if r["bracket_lo"] == r["bracket_lo"] \
+            and r["bracket_hi"] == r["bracket_hi"] else "-"
+        t.add_row(str(r["system"]), rate, str(r["search_status"]), bracket, str(r["evaluations"]))
+    return t
+
+
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from gpu_validation.bench import main as bench_main
 
@@ -86,6 +183,39 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-plot", action="store_true", help="do not draw the memory timeline")
     run.set_defaults(func=cmd_run)
 
+    sw = sub.add_parser(
+        "sweep", help="run a grid of experiments (a sweep file, or a config and --grid axes)",
+        description="Run every grid point of a sweep not already done (resumable: finished runs are "
+        "skipped by config hash) on a local process pool or Ray; write one table (Parquet and CSV) with "
+        "a row per run. See simulator/sweep.py for the sweep file format.")
+    sw.add_argument("sweep", help="sweep YAML (base + grid/zip/set/find_rate), or an experiment YAML to "
+                    "sweep with --grid")
+    sw.add_argument("--grid", action="append", metavar="KEY=V1,V2,...",
+                    help="a cartesian axis, e.g. allocator.block_size=1,2,4,8,16")
+    sw.add_argument("--zip", action="append", metavar="KEY=V1,V2,...",
+                    help="an axis varied together with the other --zip axes (equal lengths)")
+    sw.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a key in every run")
+    sw.add_argument("--find-rate", metavar="lo=L,hi=H[,...]",
+                    help="search each grid point's sustainable rate between L and H; optional keys: key, "
+                    "tolerance, max_normalized_latency (s/token), max_p99_ttft_ms, max_p99_tpot_ms")
+    sw.add_argument("--name", help="sweep name (results go to OUT/NAME)")
+    sw.add_argument("--out", help="results folder (default: the sweep's output_dir, 'results')")
+    sw.add_argument("--executor", choices=("local", "ray"), default="local",
+                    help="local process pool (default) or Ray")
+    sw.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
+    sw.add_argument("--workers", type=int, help="processes (local) or CPUs of a local Ray; default: one per "
+                    "core; 1 runs in this process")
+    sw.add_argument("--retry-failed", action="store_true", help="run again the configs that failed before")
+    sw.add_argument("--plot-runs", action="store_true", help="draw each run's memory timeline")
+    sw.add_argument("--plot", action="store_true", help="draw the sweep's figures when done (kvsim plot)")
+    sw.add_argument("--no-progress", action="store_true", help="no progress bar")
+    sw.add_argument("--dry-run", action="store_true", help="validate and list the grid points; run nothing")
+    sw.set_defaults(func=cmd_sweep)
+
+    from simulator.plot_cli import add_plot_command
+
+    add_plot_command(sub)
+
     try:
         from simulator.trace_cli import add_trace_commands
     except ImportError:  # pragma: no cover - trace commands are optional at import time
@@ -102,12 +232,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from simulator.config import ConfigError
     from simulator.engine import SimulationStalled
+    from simulator.plot_cli import PlotError
+    from simulator.sweep import SweepError
     from traces import TraceError
 
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, TraceError, SimulationStalled) as e:
+    except (ConfigError, TraceError, SimulationStalled, SweepError, PlotError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except FileNotFoundError as e:

@@ -650,7 +650,10 @@ def run_sweep(spec: SweepSpec, executor: str | Executor = "local", *, workers: i
         else:
             waiting[run_id] = [(point, rate)]
             if ex is None:
-                ex = make_executor(executor, run_fn, workers=workers, address=address)
+                try:
+                    ex = make_executor(executor, run_fn, workers=workers, address=address)
+                except (ImportError, ValueError) as e:
+                    raise SweepError(f"executor {executor}: {e}") from None
             ex.submit(RunJob(run_id, cfg.model_dump(mode="json"), base_dir, str(runs_dir / run_id), plot_runs))
             counts["submitted"] += 1
 
