@@ -67,12 +67,16 @@ class BenchGrid:
     swap_max_bytes: int = 64 << 20  # largest swap timed per block size
     swap_max_transfers: int = 4096  # cap on per-block-mode copies per timing
     tune_configs: tuple[DecodeConfig, ...] = (
-        DecodeConfig(64, 4, 2),
+        # (tile, warps, stages, programs per SM before split-KV); sm_90 shared memory per
+        # program: 64/4/3 ~70 KB, 64/4/4 ~102 KB, 32/4/4 ~53 KB, 128/8/3 ~136 KB
         DecodeConfig(64, 4, 3),
-        DecodeConfig(32, 4, 3),
-        DecodeConfig(128, 4, 2),
-        DecodeConfig(64, 8, 3),
+        DecodeConfig(64, 4, 4),
+        DecodeConfig(32, 4, 4),
+        DecodeConfig(64, 8, 4),
         DecodeConfig(128, 8, 3),
+        DecodeConfig(64, 4, 2),
+        DecodeConfig(64, 4, 3, programs_per_sm=4),
+        DecodeConfig(32, 4, 4, programs_per_sm=4),
     )
     tune_point: tuple[int, int] = (64, 4096)
 
@@ -88,7 +92,7 @@ class BenchGrid:
             gemm_ms=(1, 32, 256, 2048, 8192),
             prefill_points=((16, 512), (2, 4096), (1, 8192)),
             copy_counts=(1, 64),
-            tune_configs=(DecodeConfig(64, 4, 2), DecodeConfig(64, 4, 3)),
+            tune_configs=(DecodeConfig(64, 4, 3), DecodeConfig(64, 4, 4), DecodeConfig(32, 4, 4)),
         )
 
     @classmethod
@@ -214,7 +218,7 @@ class DecodeBench:
         q, lens = self.inputs(batch, context)
         out = torch.empty_like(q)
         splits = num_splits or choose_num_splits(
-            batch * self.grid.num_kv_heads, context, self.sms, config.tile
+            batch * self.grid.num_kv_heads, context, self.sms, config.tile, config.programs_per_sm
         )
         if kernel == "paged":
             k, v, table = self.paged_cache(batch, context, block_size)
@@ -245,20 +249,21 @@ def tune_decode(
     bench: DecodeBench, timer: Timer, deadline: float
 ) -> tuple[dict[str, DecodeConfig], list[dict]]:
     """Pick the fastest launch config for each kernel kind at one representative point
-    (paged at block size 16, vLLM's default), so neither kernel is handicapped."""
+    (paged at block size 16, vLLM's default), so neither kernel is handicapped. Configs
+    are tried for both kinds in turn, so a deadline cuts both lists at the same place."""
     g = bench.grid
     batch, context = g.tune_point
-    rows, best = [], {}
-    for kernel in ("paged", "contiguous"):
-        timings = []
-        for cfg in g.tune_configs:
-            if time.monotonic() > deadline and timings:
-                break
-            fn, splits = bench.runner(kernel, batch, context, 16, cfg)
+    rows = []
+    timings: dict[str, list[tuple[float, DecodeConfig]]] = {"paged": [], "contiguous": []}
+    for cfg in g.tune_configs:
+        if time.monotonic() > deadline and all(timings.values()):
+            break
+        for kernel in timings:
+            fn, _ = bench.runner(kernel, batch, context, 16, cfg)
             t = timed(timer, fn, f"tune {kernel} {cfg}")
             if t is None:
                 continue
-            timings.append((t, cfg))
+            timings[kernel].append((t, cfg))
             rows.append(
                 dict(
                     section="tune",
@@ -269,12 +274,15 @@ def tune_decode(
                     tile=cfg.tile,
                     num_warps=cfg.num_warps,
                     num_stages=cfg.num_stages,
+                    programs_per_sm=cfg.programs_per_sm,
                     seconds=t,
                 )
             )
-        if not timings:
+    best = {}
+    for kernel, ts in timings.items():
+        if not ts:
             raise RuntimeError(f"no launch config of the {kernel} decode kernel ran")
-        best[kernel] = min(timings, key=lambda x: x[0])[1]
+        best[kernel] = min(ts, key=lambda x: x[0])[1]
     return best, rows
 
 
@@ -305,6 +313,7 @@ def measure_decode(
                     tile=cfg.tile,
                     num_warps=cfg.num_warps,
                     num_stages=cfg.num_stages,
+                    programs_per_sm=cfg.programs_per_sm,
                     kv_bytes=kv_bytes(batch * context, g.num_kv_heads, g.head_dim, g.dtype),
                     seq_heads=batch * g.num_kv_heads,
                     seconds=t,

@@ -22,7 +22,9 @@ Design (for a memory-bound kernel on Hopper-class GPUs):
 - KV is walked in tiles of ``TILE`` tokens regardless of block size. Each token of a tile
   looks up its own block (``pos // BLOCK_SIZE``), so blocks smaller than a tile are
   gathered several per tile and tiny blocks still give full-width loads; blocks larger
-  than a tile are walked a tile at a time.
+  than a tile are walked a tile at a time. The block numbers are fetched one tile ahead,
+  which lets Triton's software pipeliner keep ``num_stages - 1`` K/V tiles in flight as
+  for contiguous K/V (fetched in the same iteration, the dependent load allowed only one).
 - Scores and the softmax run in fp32 with an online (streaming) softmax in base 2
   (Milakov & Gimelshein 2018, "Online normalizer calculation for softmax"; the same
   rescaling FlashAttention uses): running max ``m``, running sum ``l`` and an unnormalised
@@ -53,14 +55,18 @@ class DecodeConfig:
 
     tile: int = 64  # tokens of K/V per loop iteration; power of two >= 16
     num_warps: int = 4
-    num_stages: int = 2
+    num_stages: int = 3  # software-pipeline depth: num_stages - 1 K/V tiles in flight
+    programs_per_sm: int = 2  # split-KV when (sequence, KV head) programs are fewer per SM
 
     def __post_init__(self):
         if self.tile < 16 or self.tile & (self.tile - 1):
             raise ValueError(f"tile must be a power of two >= 16, got {self.tile}")
 
 
-@triton.jit
+# Arguments that vary from call to call without changing the code: not specialised (Triton
+# otherwise compiles a variant per value 1 / multiple of 16 / other). Strides of K and V
+# stay specialised: knowing they are multiples of 16 is what lets loads vectorise.
+@triton.jit(do_not_specialize=["stride_bt_seq", "num_q_heads", "num_splits"])
 def _decode_attention_kernel(
     out_ptr,
     part_m_ptr,
@@ -121,18 +127,28 @@ def _decode_attention_kernel(
 
     offs = tl.arange(0, TILE)
     table_row = block_table_ptr + seq.to(tl.int64) * stride_bt_seq
+    if PAGED:  # block numbers of the first tile; each iteration fetches the next tile's
+        first = start + offs
+        next_block = tl.load(table_row + first // BLOCK_SIZE, mask=first < end, other=0)
     for tile_start in range(start, end, TILE):
         pos = tile_start + offs
         tok_ok = pos < end
         if PAGED:
-            block = tl.load(table_row + pos // BLOCK_SIZE, mask=tok_ok, other=0).to(tl.int64)
+            # Fetched one tile ahead: K/V addresses never wait on a table load issued in the
+            # same iteration, so Triton pipelines the K/V loads as deep as for contiguous K/V.
+            block = next_block.to(tl.int64)
+            ahead = pos + TILE
+            next_block = tl.load(table_row + ahead // BLOCK_SIZE, mask=ahead < end, other=0)
             slot = pos % BLOCK_SIZE
             k_rows = block * stride_k_block + slot * stride_k_slot
             v_rows = block * stride_v_block + slot * stride_v_slot
         else:
             k_rows = seq.to(tl.int64) * stride_k_block + pos.to(tl.int64) * stride_k_slot
             v_rows = seq.to(tl.int64) * stride_v_block + pos.to(tl.int64) * stride_v_slot
-        kv_mask = tok_ok[:, None] & dim_ok[None, :]
+        if HEAD_DIM == HEAD_DIM_PAD:  # no padding: a row mask, plainly constant along dims
+            kv_mask = tok_ok[:, None]
+        else:
+            kv_mask = tok_ok[:, None] & dim_ok[None, :]
         k = tl.load(
             k_ptr + (k_rows + kv_head * stride_k_head)[:, None] + dims[None, :],
             mask=kv_mask,
@@ -182,7 +198,7 @@ def _decode_attention_kernel(
         )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_q_heads", "num_splits"])
 def _merge_splits_kernel(
     out_ptr,
     part_m_ptr,
@@ -242,15 +258,18 @@ def num_sms(device: torch.device) -> int:
     return 1
 
 
-def choose_num_splits(programs: int, max_context_len: int, sms: int, tile: int) -> int:
-    """Splits per sequence so that at least ~2 programs run per SM, each >= 4 tiles long.
+def choose_num_splits(
+    programs: int, max_context_len: int, sms: int, tile: int, programs_per_sm: int = 2
+) -> int:
+    """Splits per sequence so that at least ``programs_per_sm`` programs run per SM, each
+    split at least 4 tiles long.
 
-    With ``programs = num_seqs * num_kv_heads`` already >= 2 * SMs a single pass is best:
+    With ``programs = num_seqs * num_kv_heads`` already that many a single pass is best:
     splitting only adds the merge kernel's traffic.
     """
-    if programs >= 2 * sms:
+    if programs >= programs_per_sm * sms:
         return 1
-    wanted = math.ceil(2 * sms / max(programs, 1))
+    wanted = math.ceil(programs_per_sm * sms / max(programs, 1))
     longest = math.ceil(max_context_len / (4 * tile))
     return max(1, min(wanted, longest, 64))
 
@@ -302,7 +321,11 @@ def _launch(
     tile = config.tile
     if num_splits is None:
         num_splits = choose_num_splits(
-            num_seqs * num_kv_heads, max_context_len, num_sms(q.device), tile
+            num_seqs * num_kv_heads,
+            max_context_len,
+            num_sms(q.device),
+            tile,
+            config.programs_per_sm,
         )
     tokens_per_split = math.ceil(math.ceil(max_context_len / num_splits) / tile) * tile
     num_splits = math.ceil(max_context_len / tokens_per_split)

@@ -276,6 +276,13 @@ class ContiguousAllocator(KVAllocator):
         self._place(child, reserve, kv_len, child_final_len)
         self.copied_blocks += kv_len  # block_size 1: the parent's KV is copied slot by slot
 
+    def copy_into(self, src: int, dst: int) -> None:
+        """Copy ``src``'s KV over ``dst``'s, in place: both regions stay where they are."""
+        self._require_running([src, dst])
+        if self._kv[src] != self._kv[dst]:
+            raise ValueError(f"sequences {src} and {dst} hold {self._kv[src]} and {self._kv[dst]} tokens")
+        self.copied_blocks += self._kv[src]
+
     def free(self, seq_id: int) -> None:
         if seq_id in self._kv:
             self._release(seq_id)

@@ -113,6 +113,11 @@ class KVAllocator(ABC):
     def fork(self, parent: int, child: int, child_final_len: int) -> None:
         """Make ``child`` a copy of ``parent`` (shared blocks where the allocator shares)."""
 
+    def copy_into(self, src: int, dst: int) -> None:
+        """Overwrite ``dst``'s KV with ``src``'s (sequences of equal length; beam search
+        without sharing). Counts the copy in ``copied_blocks``."""
+        raise NotImplementedError(f"{type(self).__name__} shares blocks instead of copying")
+
     @abstractmethod
     def free(self, seq_id: int) -> None:
         """Release everything a sequence holds."""

@@ -91,7 +91,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     spec = load_sweep(args.sweep, grid=args.grid or [], zip_axes=args.zip or [], set_=args.set or [],
                       name=args.name, output_dir=args.out,
                       find_rate=_parse_find_rate(args.find_rate) if args.find_rate else None)
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 160)  # a log file gets whole rows
     points = expand_points(spec)
     if args.dry_run:
         validate_points(spec, points)
@@ -99,24 +99,28 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             values = ", ".join(f"{k}={v}" for k, v in p.params.items()) or "(base config)"
             console.print(f"{p.index:4d}  {p.label}  [dim]{values}[/dim]", highlight=False)
         what = f"rate searches over {spec.find_rate.key}" if spec.find_rate else "runs"
-        console.print(f"{len(points)} {what}, all valid; results would go to {spec.dir}")
+        console.print(f"{len(points)} {what}, all valid; results would go to {spec.dir}", soft_wrap=True)
         return 0
     result = run_sweep(spec, args.executor, workers=args.workers, address=args.address,
                        retry_failed=args.retry_failed, plot_runs=args.plot_runs,
                        progress=not args.no_progress)
-    console.print(sweep_table(result.table, spec.param_keys, f"sweep {spec.name}"))
-    if result.rates is not None:
+    if result.rates is not None:  # the runs of a search are many: show what they found
         console.print(rates_table(result.rates, f"sustainable rate ({spec.find_rate.criterion.describe()})"))
+    else:
+        labelled = "label" in spec.axes
+        shown = list(spec.grid) if labelled else spec.param_keys  # zipped keys follow the label
+        console.print(sweep_table(result.table, [k for k in shown if k != "label"], f"sweep {spec.name}",
+                                  show_system=labelled))
     console.print(f"{len(result.table)} runs: {result.executed} simulated now, {result.reused} already done, "
                   f"{result.failed} failed")
     for p in result.paths:
-        console.print(f"table:   {p}", highlight=False)
+        print(f"table:   {p}")
     if args.plot:
         from simulator.plot_cli import PlotError, plot_sweep
 
         try:
             for p in plot_sweep(result.dir):
-                console.print(f"plot:    {p}", highlight=False)
+                print(f"plot:    {p}")
         except PlotError as e:
             console.print(f"[yellow]no plots: {e}[/yellow]")
     if result.failed:
@@ -134,15 +138,15 @@ SWEEP_COLUMNS = (
 )
 
 
-def sweep_table(table, params, title: str, max_rows: int = 40) -> Table:
+def sweep_table(table, params, title: str, max_rows: int = 40, show_system: bool = True) -> Table:
     """The first ``max_rows`` rows of a sweep: system, varied values, status, headline metrics."""
     t = Table(title=title, header_style="bold")
-    for col in ("run", "system", *params, "status"):
-        t.add_column(col.rsplit(".", 1)[-1])
+    for col in ("run", *(["system"] if show_system else []), *params, "status"):
+        t.add_column(col.rsplit(".", 1)[-1], no_wrap=True)
     for _, label, _ in SWEEP_COLUMNS:
-        t.add_column(label, justify="right")
+        t.add_column(label, justify="right", no_wrap=True)
     for _, row in table.head(max_rows).iterrows():
-        cells = [str(row["run"]), str(row["system"]), *(str(row[p]) for p in params)]
+        cells = [str(row["run"]), *([str(row["system"])] if show_system else []), *(_text(row[p]) for p in params)]
         cells.append("[green]ok[/green]" if row["status"] == "ok" else f"[red]{row['status']}[/red]")
         for key, _, fmt in SWEEP_COLUMNS:
             v = row.get(key)
@@ -153,15 +157,24 @@ def sweep_table(table, params, title: str, max_rows: int = 40) -> Table:
     return t
 
 
+def _text(value) -> str:
+    return "-" if value is None or value != value else str(value)
+
+
 def rates_table(rates, title: str) -> Table:
     t = Table(title=title, header_style="bold")
     for col in ("system", "sustainable rate", "search", "bracket", "runs"):
-        t.add_column(col)
+        t.add_column(col, no_wrap=True)
     for _, r in rates.iterrows():
         rate = "-" if r["sustainable_rate"] != r["sustainable_rate"] else f"{r['sustainable_rate']:g}"
         bracket = f"[{r['bracket_lo']:g}, {r['bracket_hi']:g}]" if r["bracket_lo"] == r["bracket_lo"] \
             and r["bracket_hi"] == r["bracket_hi"] else "-"
         t.add_row(str(r["system"]), rate, str(r["search_status"]), bracket, str(r["evaluations"]))
+    hints = {"above_hi": "above_hi: even hi met the bound, raise hi",
+             "below_lo": "below_lo: even lo missed the bound, lower lo"}
+    found = [h for k, h in hints.items() if (rates["search_status"] == k).any()]
+    if found:
+        t.caption = "; ".join(found)
     return t
 
 

@@ -18,9 +18,9 @@ its next run from the last result) can keep submitting while results come back:
   the one to debug with.
 * :class:`LocalExecutor`: a ``ProcessPoolExecutor``, one worker per core by default. The
   workers write the folders of successful runs themselves (same filesystem); failures
-  come back to the driver, which records them. If a worker process dies
-  (killed, out of memory), the pool is rebuilt and the runs it held are tried once more;
-  a run caught in two such crashes is recorded as failed.
+  come back to the driver, which records them. If a worker process dies (killed, out of
+  memory), the pool is rebuilt and the runs it held are run again one at a time: the one
+  that kills its worker again is recorded as failed, the others complete.
 * :class:`RayExecutor`: one Ray task per run (``num_cpus=1``), gathered with ``ray.wait``.
   It joins the cluster at ``address`` or starts a local Ray with ``num_cpus``. Tasks return
   the run's tables and the driver writes them, so workers on other machines need no
@@ -30,6 +30,7 @@ its next run from the last result) can keep submitting while results come back:
 
 from __future__ import annotations
 
+import copy
 import multiprocessing as mp
 import os
 import traceback
@@ -49,7 +50,7 @@ class RunJob:
     """One run to execute: everything a worker needs, as plain data."""
 
     run_id: str  # the config hash; also the run folder's name
-    config: dict  # the resolved config (``ExperimentConfig.model_dump(mode="json")``)
+    config: dict  # the experiment as a raw mapping (what a YAML file holds), overrides applied
     base_dir: str  # folder that relative paths in the config start from
     run_dir: str  # where the run's outputs go
     plot: bool = False  # draw the run's memory timeline
@@ -76,12 +77,12 @@ def _error_line(e: BaseException) -> str:
 
 def execute_run(job: RunJob) -> RunOutcome:
     """Simulate one job; write its folder (if ``job.write``); never raise for a bad run."""
-    from simulator.config import ExperimentConfig
+    from simulator.config import validate_config
     from simulator.results import write_run
     from simulator.runner import run_experiment
 
     try:
-        cfg = ExperimentConfig.model_validate(job.config)
+        cfg = validate_config(copy.deepcopy(job.config), source=f"run {job.run_id}")
         result = run_experiment(cfg, Path(job.base_dir))
         if job.write:
             write_run(result, Path(job.run_dir), plot=job.plot)
@@ -133,78 +134,106 @@ class InProcessExecutor:
 
 def _pool_context():
     """``forkserver`` where available: workers fork from a clean server that has already
-    imported the simulator (fast start, no inherited threads); else ``spawn``."""
+    imported the simulator (fast start, no inherited threads); else ``spawn``. The main
+    script is preloaded too (as multiprocessing does by default), so a run function defined
+    in it can be sent to workers."""
     if "forkserver" in mp.get_all_start_methods():
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["simulator.executors", "simulator.runner", "simulator.results"])
+        ctx.set_forkserver_preload(["__main__", "simulator.executors", "simulator.runner", "simulator.results"])
         return ctx
     return mp.get_context("spawn")
 
 
 class LocalExecutor:
-    """A local process pool; ``workers`` processes (default: one per core)."""
+    """A local process pool; ``workers`` processes (default: one per core).
 
-    MAX_CRASHES = 2  # a run in flight during this many worker crashes is recorded as failed
+    At most ``workers`` runs are handed to the pool at a time (the rest wait here), so a
+    worker that dies takes down only the runs in flight. Those are run again one at a
+    time, alone in the pool: a run whose worker dies while it runs alone is the culprit
+    and is recorded as failed; the others complete.
+    """
+
+    CRASH = "WorkerCrashed: the worker process died while running this config (killed, or out of memory?)"
 
     def __init__(self, fn: RunFn = execute_run, workers: int | None = None):
         self.fn = fn
         self.workers = max(1, workers or os.cpu_count() or 1)
         self._ctx = _pool_context()
         self._pool: ProcessPoolExecutor | None = None
+        self._queue: deque[RunJob] = deque()  # not yet handed to the pool
+        self._suspects: deque[RunJob] = deque()  # in flight during a crash: rerun alone
+        self._alone: RunJob | None = None  # the suspect running alone now
         self._futures: dict[Future, RunJob] = {}
-        self._crashes: dict[str, int] = {}
         self._ready: deque[tuple[RunJob, RunOutcome]] = deque()
 
-    def _get_pool(self) -> ProcessPoolExecutor:
-        if self._pool is None:
-            self._pool = ProcessPoolExecutor(self.workers, mp_context=self._ctx)
-        return self._pool
-
     def submit(self, job: RunJob) -> None:
-        self._futures[self._get_pool().submit(self.fn, job)] = job
+        self._queue.append(job)
 
     def pending(self) -> int:
-        return len(self._futures) + len(self._ready)
+        return len(self._queue) + len(self._suspects) + len(self._futures) + len(self._ready)
+
+    def _start(self, job: RunJob) -> None:
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=self._ctx)
+        self._futures[self._pool.submit(self.fn, job)] = job
+
+    def _fill(self) -> None:
+        """Hand runs to the pool: suspects one at a time with nothing else, else up to ``workers``."""
+        if self._alone is not None:
+            return
+        if self._suspects:
+            if not self._futures:
+                self._alone = self._suspects.popleft()
+                self._start(self._alone)
+            return
+        while self._queue and len(self._futures) < self.workers:
+            self._start(self._queue.popleft())
 
     def next_done(self) -> tuple[RunJob, RunOutcome]:
         while not self._ready:
+            self._fill()
             if not self._futures:
                 raise RuntimeError("next_done() with nothing submitted")
             done, _ = wait(list(self._futures), return_when=FIRST_COMPLETED)
-            broken = []
+            crashed = False
             for fut in done:
                 job = self._futures.pop(fut)
                 try:
                     self._ready.append((job, fut.result()))
                 except BrokenProcessPool:
-                    broken.append(job)
+                    crashed = True
+                    self._futures[fut] = job  # handled with the rest of the pool below
+                    continue
                 except Exception as e:  # the run function itself raised (or failed to pickle)
                     self._ready.append((job, RunOutcome(job.run_id, False, error=_error_line(e),
                                                         details=traceback.format_exc())))
-            if broken:
-                self._recover(broken)
+                if job is self._alone:
+                    self._alone = None
+            if crashed:
+                self._recover()
         return self._ready.popleft()
 
-    def _recover(self, broken: list[RunJob]) -> None:
-        """A worker died: every future of the pool fails. Rebuild it and resubmit."""
-        broken += list(self._futures.values())  # the rest of the pool is broken too
+    def _recover(self) -> None:
+        """A worker died, and with it every run in the pool: blame or requeue each."""
+        broken = list(self._futures.values())
         self._futures.clear()
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
         for job in broken:
-            n = self._crashes[job.run_id] = self._crashes.get(job.run_id, 0) + 1
-            if n >= self.MAX_CRASHES:
-                msg = "WorkerCrashed: the worker process died while running this config (twice)"
-                self._ready.append((job, RunOutcome(job.run_id, False, error=msg, details=msg)))
+            if job is self._alone:
+                self._ready.append((job, RunOutcome(job.run_id, False, error=self.CRASH, details=self.CRASH)))
+                self._alone = None
             else:
-                self.submit(job)
+                self._suspects.append(job)
 
     def close(self, cancel: bool = False) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=not cancel, cancel_futures=cancel)
             self._pool = None
         self._futures.clear()
+        self._queue.clear()
+        self._suspects.clear()
 
     def __enter__(self):
         return self

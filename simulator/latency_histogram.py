@@ -38,7 +38,11 @@ class LatencyHistogram:
         if len(seconds) == 0:
             return
         buckets = np.floor(np.log(np.maximum(seconds, 1e-300)) / _LOG_BASE).astype(np.int64)
-        uniq, counts = np.unique(buckets, return_counts=True)
+        if len(buckets) > 1 and np.all(buckets[1:] >= buckets[:-1]):  # a run's gaps only grow
+            starts = np.flatnonzero(np.r_[True, buckets[1:] != buckets[:-1]])
+            uniq, counts = buckets[starts], np.diff(np.r_[starts, len(buckets)])
+        else:
+            uniq, counts = np.unique(buckets, return_counts=True)
         c = self._counts
         for b, n in zip(uniq.tolist(), counts.tolist()):
             c[b] = c.get(b, 0) + n * times

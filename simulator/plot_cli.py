@@ -157,6 +157,7 @@ def plot_sweep(sweep_dir: Path, out_dir: Path | None = None) -> list[Path]:
 
     # Normalized latency vs rate, with each system's sustainable rate.
     sustainable: dict[str, float | None] = {}
+    at_least: list[str] = []
     if rate_col:
         keys = _group_keys(ok, params, [rate_col], has_label)
         ok["_group"] = group_labels(ok, keys, has_label, fallback=name)
@@ -165,17 +166,20 @@ def plot_sweep(sweep_dir: Path, out_dir: Path | None = None) -> list[Path]:
             rates["_group"] = group_labels(rates, [k for k in keys if k in rates], has_label, fallback=name)
             sustainable = {g: (None if pd.isna(r) else float(r))
                            for g, r in zip(rates["_group"], rates["sustainable_rate"])}
+            at_least = rates.loc[rates["search_status"] == "above_hi", "_group"].tolist()
         else:
             criterion = SustainabilityCriterion(max_normalized_latency=bound) if bound else SustainabilityCriterion()
             sustainable = {g: sustainable_from_curve(df, rate_col, criterion)
                            for g, df in ok.groupby("_group", sort=False)}
+            at_least = [g for g, df in ok.groupby("_group", sort=False)
+                        if sustainable[g] is not None and sustainable[g] >= df[rate_col].astype(float).max()]
         curves = {g: (df[rate_col].astype(float).tolist(), df["normalized_latency_s_per_token"].tolist())
                   for g, df in ok.groupby("_group", sort=False)}
         unit = "rate multiplier (x the trace's own rate)" if rate_col == "workload.rate_scale" \
             else "request rate (req/s)"
         written += plots.plot_latency_vs_rate(curves, out_dir / "latency_vs_rate.png", sustainable, bound,
                                               rate_label=unit, title=f"{name}: normalized latency vs rate",
-                                              formats=FORMATS)
+                                              at_least=at_least, formats=FORMATS)
 
     # Bars: memory classes and batched requests, one per system (at a common rate).
     bars, where = _bar_rows(ok, rate_col, sustainable)
@@ -224,7 +228,7 @@ def _bar_rows(ok: pd.DataFrame, rate_col: str | None, sustainable: dict) -> tupl
     if common:
         rate = max(common)
         rows = ok[ok[rate_col].astype(float) == rate].drop_duplicates("_group")
-        return rows, f" at rate {rate:g}"
+        return rows, f" at {rate:g} req/s" if rate_col != "workload.rate_scale" else f" at {rate:g}x the trace rate"
     picked = []
     for g, df in groups:
         target = sustainable.get(g)
@@ -267,12 +271,8 @@ def plot_results(results: Path, out_dir: Path | None = None) -> list[Path]:
 # --- command line --------------------------------------------------------------------------
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    paths = plot_results(Path(args.results), Path(args.out) if args.out else None)
-    console = Console()
-    for p in paths:
-        console.print(str(p), highlight=False)
+    for p in plot_results(Path(args.results), Path(args.out) if args.out else None):
+        print(p)
     return 0
 
 

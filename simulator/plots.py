@@ -55,6 +55,7 @@ STYLE = {
     "legend.fontsize": 8,
     "font.size": 9,
     "savefig.facecolor": "white",
+    "svg.fonttype": "none",  # SVG text stays text: searchable, editable in a paper's figure
 }
 
 # Okabe-Ito: distinguishable with the common kinds of color blindness.
@@ -163,13 +164,15 @@ def plot_latency_vs_rate(curves: Mapping[str, tuple[Sequence[float], Sequence[fl
                          sustainable: Mapping[str, float | None] | None = None, threshold: float | None = None,
                          rate_label: str = "request rate (req/s)",
                          title: str = "Normalized latency vs request rate",
+                         at_least: Sequence[str] = (),
                          formats: Sequence[str] = ("png", "svg")) -> list[Path]:
     """Normalized latency (s/token) against the rate, one line per system (the vLLM paper's
     Fig. 12), each system's sustainable rate marked by a dotted vertical line and labelled.
 
     ``curves`` maps a system to (rates, normalized latencies); ``threshold`` (s/token) is
-    drawn as a dashed line. Past the knee latency explodes, so the y-axis stops at a few
-    times the threshold and lines leave the top, as in the paper.
+    drawn as a dashed line; systems in ``at_least`` met the bound at the highest rate tried,
+    so their mark reads ">= rate". Past the knee latency explodes, so the y-axis stops at a
+    few times the threshold and lines leave the top, as in the paper.
     """
     sustainable = sustainable or {}
     with plt.rc_context(STYLE):
@@ -185,22 +188,27 @@ def plot_latency_vs_rate(curves: Mapping[str, tuple[Sequence[float], Sequence[fl
         top = ymax * 1.08 if ymax > 0 else 1.0
         if threshold is not None:
             top = min(top, 4 * threshold) if ymax > 4 * threshold else max(top, 1.25 * threshold)
-            ax.axhline(threshold, ls="--", lw=1, color="0.4")
-            ax.text(ax.get_xlim()[0], threshold, f" bound {threshold:g} s/token", va="bottom", ha="left",
-                    fontsize=8, color="0.3")
+            ax.axhline(threshold, ls="--", lw=1, color="0.4", label=f"bound ({threshold:g} s/token)")
         ax.set_ylim(0, top)
+        unit = " req/s" if "req/s" in rate_label else ""
+        ax.set_xlim(left=0)
+        x_right = ax.get_xlim()[1]
         for i, name in enumerate(curves):
             rate = sustainable.get(name)
             if rate is None or not math.isfinite(rate):
                 continue
-            ax.axvline(rate, ls=":", lw=1.5, color=system_color(i))
-            ax.annotate(f"{rate:.3g}", xy=(rate, top), xytext=(2, -4 - 11 * (i % 4)), textcoords="offset points",
-                        ha="left", va="top", fontsize=8, color=system_color(i), fontweight="bold")
-        ax.set_xlim(left=0)
+            ax.axvline(rate, ls=":", lw=1.6, color=system_color(i))
+            text = f"{'≥ ' if name in at_least else ''}{rate:.3g}{unit}"
+            right = rate > 0.7 * x_right  # keep the label inside the axes
+            ax.annotate(text, xy=(rate, top), xytext=(-3 if right else 3, -4 - 12 * (i % 5)),
+                        textcoords="offset points", ha="right" if right else "left", va="top", fontsize=8,
+                        color=system_color(i), fontweight="bold",
+                        bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8})
         ax.set_xlabel(rate_label)
         ax.set_ylabel("normalized latency (s/token)")
         ax.set_title(title)
-        ax.legend(loc="upper left", title="system (dotted: sustainable rate)", title_fontsize=8)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), title="system\n(dotted: sustainable rate)",
+                  title_fontsize=8, alignment="left")
         _save(fig, path, formats)
     return _paths(path, formats)
 

@@ -117,6 +117,7 @@ class Scheduler:
             prompt_len=request.prompt_tokens,
             total_output_tokens=sum(outputs),
             beam_width=request.beam_width,
+            next_finish=min(outputs),
         )
         if self._shares_prefixes:
             group.prefix = prefix_contents(request, self.alloc.block_size)
@@ -149,8 +150,10 @@ class Scheduler:
 
     def _admit(self, step: Step) -> None:
         alloc, lim, shape = self.alloc, self.limits, step.shape
-        seqs = sum(g.num_live for g in self.running)
         self.blocked = None
+        if not self.waiting:
+            return
+        seqs = sum(len(g.seq_ids) for g in self.running)
         while self.waiting:
             g = self.waiting[0]
             final = g.max_final_len
@@ -191,33 +194,52 @@ class Scheduler:
         for g in self.running:
             if g.beam_width > 1 and g.generated >= 1:
                 self._choose_beams(g)
+        # Fast path: every running sequence gets its slot in one all-or-nothing call.
+        if alloc.try_append([s for g in self.running for s in g.seq_ids]):
+            kept = self.running
+        else:
+            kept = self._append_or_preempt(step)
+        self.running = kept
+        if not step.preempted and self.swapped:
+            self._swap_in(step)
+        shape = step.shape
+        kv_len = alloc.kv_len
+        for g in self.running:
+            shape.decode_seqs += len(g.seq_ids)
+            for s in g.seq_ids:
+                shape.decode_context += kv_len(s)
+        step.decode = list(self.running)
+        step.cow_copies = alloc.copied_blocks - copies_before
+
+    def _append_or_preempt(self, step: Step) -> list[SequenceGroup]:
+        """Oldest first, each group appends; when memory runs out, the latest-arrived
+        running group is preempted, repeatedly, until the rest fit."""
         queue = deque(self.running)
         kept: list[SequenceGroup] = []
         while queue:
             g = queue.popleft()
-            while not alloc.try_append(g.seq_ids):
+            while not self.alloc.try_append(g.seq_ids):
                 victim = queue.pop() if queue else g
                 self._preempt(victim, step)
                 if victim is g:
                     break
             else:
                 kept.append(g)
-        self.running = kept
-        if not step.preempted and self.swapped:
-            self._swap_in(step)
-        shape = step.shape
-        for g in self.running:
-            shape.decode_seqs += g.num_live
-            for s in g.seq_ids:
-                shape.decode_context += alloc.kv_len(s)
-        step.decode = list(self.running)
-        step.cow_copies = alloc.copied_blocks - copies_before
+        return kept
 
     def _choose_beams(self, g: SequenceGroup) -> None:
         """Beam search: the next beams descend from the current ones (best first); dead
         beams free their memory first, then survivors chosen m times fork m - 1 times."""
         parents = list(g.seq_ids)
         counts = beam_parent_counts(len(parents), self.limits.beam_concentration, self.rng)
+        if not self.alloc.shares_memory:
+            # Without sharing every beam keeps its own region (all beams have the same
+            # length); a beam taking over a dead one's region copies its parent's KV there.
+            dead = [s for s, m in zip(parents, counts) if m == 0]
+            children = [s for s, m in zip(parents, counts) for _ in range(m - 1)]
+            for src, dst in zip(children, dead):
+                self.alloc.copy_into(src, dst)
+            return
         target = g.targets[parents[0]]
         for s, m in zip(parents, counts):
             if m == 0:
@@ -317,7 +339,7 @@ class Scheduler:
         seqs: list[int] = []
         fewest = limit
         for g in step.decode:
-            left = min(g.targets[s] for s in g.seq_ids) - g.generated - 1
+            left = g.next_finish - g.generated - 1
             if left < fewest:
                 fewest = left
             seqs.extend(g.seq_ids)
@@ -333,9 +355,9 @@ class Scheduler:
     def complete(self, step: Step, now: float, extra_durations: np.ndarray | None = None) -> None:
         """Every scheduled sequence gained one token (or one per iteration of a run of
         ``1 + len(extra_durations)`` identical decode steps); finished sequences free memory."""
-        itl = self.itl
         extra = 0 if extra_durations is None else len(extra_durations)
         first_end = now - (float(extra_durations.sum()) if extra else 0.0)
+        gaps: dict[float, int] = {}  # first gap of this step -> sequences (most share one)
         any_done = False
         for groups in (step.prefill, step.decode):
             for g in groups:
@@ -343,12 +365,15 @@ class Scheduler:
                 if g.first_token is None:
                     g.first_token = first_end
                 else:
-                    itl.add(first_end - g.last_token, g.num_live)
+                    gap = first_end - g.last_token
+                    gaps[gap] = gaps.get(gap, 0) + len(g.seq_ids)
                 g.last_token = now
-                if g.generated >= min(g.targets[s] for s in g.seq_ids):
+                if g.generated >= g.next_finish:
                     any_done |= self._retire_done(g, now)
+        for gap, count in gaps.items():
+            self.itl.add(gap, count)
         if extra:
-            itl.add_many(extra_durations, step.shape.decode_seqs)
+            self.itl.add_many(extra_durations, step.shape.decode_seqs)
         if any_done:
             self.running = [g for g in self.running if g.status is Status.RUNNING]
 
@@ -358,6 +383,7 @@ class Scheduler:
             g.seq_ids.remove(s)
             g.finished_seqs.append(s)
         if g.seq_ids:
+            g.next_finish = min(g.targets[s] for s in g.seq_ids)
             return False
         g.finish = now
         self._end(g, Status.FINISHED, None)

@@ -50,6 +50,7 @@ class SequenceGroup:
     cached_tokens: int = 0  # prompt tokens found in the prefix cache at the last prefill
     total_output_tokens: int = 0  # output tokens over all samples / beams (sum of targets)
     beam_width: int = 1  # > 1: beams are re-chosen every step
+    next_finish: int = 0  # fewest output tokens among live sequences: the group's next finish
     recomputing: bool = False  # preempted by recomputation and not yet prefilled again
 
     @property

@@ -359,6 +359,15 @@ def _value_index(spec: SweepSpec, section: str, key: str, value: Any) -> int:
 
 def resolve_config(spec: SweepSpec, point: SweepPoint, rate: float | None = None) -> ExperimentConfig:
     """The point's config: base, ``set``, axis values (and the searched rate), validated."""
+    return resolve_raw(spec, point, rate)[0]
+
+
+def resolve_raw(spec: SweepSpec, point: SweepPoint, rate: float | None = None) -> tuple[ExperimentConfig, dict]:
+    """The point's validated config and the raw mapping it was validated from.
+
+    Workers get the raw mapping: validating it again gives the same config, whereas a
+    config dumped with every default filled in is not always accepted back as input.
+    """
     texts, origin = [], {}
     for key, value in spec.set.items():
         texts.append(f"{key}={_yaml_text(value)}")
@@ -372,12 +381,13 @@ def resolve_config(spec: SweepSpec, point: SweepPoint, rate: float | None = None
     if rate is not None and spec.find_rate is not None:
         texts.append(f"{spec.find_rate.key}={_yaml_text(rate)}")
         origin[spec.find_rate.key] = f"find_rate ({spec.find_rate.key}={rate:g})"
+    raw = copy.deepcopy(spec.base)
+    raw["name"], raw["output_dir"] = spec.name, spec.output_dir
     try:
-        cfg = validate_config(copy.deepcopy(spec.base), source=spec.base_source, lines=spec.base_lines,
-                              overrides=texts)
+        cfg = validate_config(raw, source=spec.base_source, lines=spec.base_lines, overrides=texts)
     except ConfigError as e:
         raise SweepError(f"run {point.index} [{point.label}]: {_relocate(str(e), origin)}") from None
-    return cfg.model_copy(update={"name": spec.name, "output_dir": spec.output_dir})
+    return cfg, raw  # validate_config applied the overrides to `raw`
 
 
 def _relocate(message: str, origin: dict[str, str]) -> str:
@@ -637,7 +647,7 @@ def run_sweep(spec: SweepSpec, executor: str | Executor = "local", *, workers: i
 
     def request(point: SweepPoint, rate: float | None) -> None:
         nonlocal ex
-        cfg = resolve_config(spec, point, rate)
+        cfg, raw = resolve_raw(spec, point, rate)
         run_id = config_hash(cfg)
         rows[(point.index, rate)] = TableRow(point, rate, run_id)
         known = stored(run_id)
@@ -654,7 +664,7 @@ def run_sweep(spec: SweepSpec, executor: str | Executor = "local", *, workers: i
                     ex = make_executor(executor, run_fn, workers=workers, address=address)
                 except (ImportError, ValueError) as e:
                     raise SweepError(f"executor {executor}: {e}") from None
-            ex.submit(RunJob(run_id, cfg.model_dump(mode="json"), base_dir, str(runs_dir / run_id), plot_runs))
+            ex.submit(RunJob(run_id, raw, base_dir, str(runs_dir / run_id), plot_runs))
             counts["submitted"] += 1
 
     def deliver(point: SweepPoint, rate: float | None, ok: bool, summary: dict | None) -> None:

@@ -41,7 +41,9 @@ def profile():
 
 
 def model(profile, name="llama-3-8b", tp=1, block_size=16, kernel="paged", **kw):
-    return CalibratedCostModel(profile, MODELS[name], GPUS["a100-80gb"], tp, block_size, kernel, params=NO_OVERHEAD, **kw)
+    return CalibratedCostModel(
+        profile, MODELS[name], GPUS["a100-80gb"], tp, block_size, kernel, params=NO_OVERHEAD, **kw
+    )
 
 
 def test_decode_step_equals_profile_formulas(profile):
@@ -75,7 +77,9 @@ def test_tensor_parallel_shapes_and_allreduce(profile):
     linear = 80 * sum(table(n, k, 8) for n, k in gemms) + table(*lm_head, 8)
     attention = 80 * (d["a"] + d["b"] * context * 2 * 4 * 128 * 2 + d["c"] * seqs * 4)
     nvlink = GPUS["a100-80gb"].nvlink_bandwidth
-    allreduce = 2 * 80 * NO_OVERHEAD.allreduce_latency_s + 2 * 80 * (2 * 1 / 2) * 8192 * 2 / nvlink * seqs
+    allreduce = (
+        2 * 80 * NO_OVERHEAD.allreduce_latency_s + 2 * 80 * (2 * 1 / 2) * 8192 * 2 / nvlink * seqs
+    )
     got = cost.step_time(BatchShape(decode_seqs=seqs, decode_context=context))
     assert got == pytest.approx(linear + attention + allreduce, rel=1e-12)
 
@@ -85,16 +89,26 @@ def test_decode_coefficients_reproduce_step_time(profile):
         cost = CalibratedCostModel(profile, MODELS["llama-2-13b"], GPUS["a100-80gb"], 1, bs, kernel)
         for n, ctx in [(1, 10), (64, 64 * 900), (200, 200 * 3000)]:
             a, b = cost.decode_coefficients(n)
-            assert a + b * ctx == pytest.approx(cost.step_time(BatchShape(decode_seqs=n, decode_context=ctx)))
+            assert a + b * ctx == pytest.approx(
+                cost.step_time(BatchShape(decode_seqs=n, decode_context=ctx))
+            )
 
 
 def test_monotone_in_context_and_batch(profile):
     cost = model(profile, name="opt-13b")
-    by_context = [cost.step_time(BatchShape(decode_seqs=32, decode_context=32 * c)) for c in (1, 100, 1000, 2000)]
+    by_context = [
+        cost.step_time(BatchShape(decode_seqs=32, decode_context=32 * c))
+        for c in (1, 100, 1000, 2000)
+    ]
     assert by_context == sorted(by_context) and len(set(by_context)) == 4
-    by_batch = [cost.step_time(BatchShape(decode_seqs=n, decode_context=n * 500)) for n in (1, 7, 64, 100, 256)]
+    by_batch = [
+        cost.step_time(BatchShape(decode_seqs=n, decode_context=n * 500))
+        for n in (1, 7, 64, 100, 256)
+    ]
     assert by_batch == sorted(by_batch) and len(set(by_batch)) == 5
-    prompts = [cost.step_time(BatchShape(1, p, causal_attention_pairs(p))) for p in (16, 300, 1000, 2048)]
+    prompts = [
+        cost.step_time(BatchShape(1, p, causal_attention_pairs(p))) for p in (16, 300, 1000, 2048)
+    ]
     assert prompts == sorted(prompts)
 
 
@@ -110,7 +124,9 @@ def test_close_to_roofline_built_from_the_same_datasheet(profile):
     step must land near the roofline model's prediction."""
     shape = BatchShape(decode_seqs=128, decode_context=128 * 1500)
     calibrated = model(profile, name="llama-2-7b").step_time(shape)
-    roofline = RooflineCostModel(MODELS["llama-2-7b"], GPUS["a100-80gb"], params=NO_OVERHEAD).step_time(shape)
+    roofline = RooflineCostModel(
+        MODELS["llama-2-7b"], GPUS["a100-80gb"], params=NO_OVERHEAD
+    ).step_time(shape)
     assert calibrated == pytest.approx(roofline, rel=0.25)
 
 
@@ -124,7 +140,9 @@ def test_swap_and_copy_times(profile):
     def link(f, n_transfers):
         return f["latency_s"] * n_transfers + nbytes / f["bytes_per_s"]
 
-    assert per_block.swap_time(10) == pytest.approx((link(out, transfers) + link(into, transfers)) / 2)
+    assert per_block.swap_time(10) == pytest.approx(
+        (link(out, transfers) + link(into, transfers)) / 2
+    )
     bo, bi = RAW["swap"]["batched"]["out"], RAW["swap"]["batched"]["in"]
     assert batched.swap_time(10) == pytest.approx((link(bo, 32) + link(bi, 32)) / 2)
     assert batched.swap_time(10) < per_block.swap_time(10)
@@ -143,7 +161,13 @@ def test_unmeasured_block_size_fails_at_construction(profile):
 
 def test_profile_round_trip_gives_identical_predictions(profile, tmp_path):
     again = read_profile(write_profile(profile, tmp_path / "copy.yaml"))
-    shape = BatchShape(prefill_seqs=2, prefill_tokens=700, prefill_attn_pairs=1e5, decode_seqs=30, decode_context=9000)
+    shape = BatchShape(
+        prefill_seqs=2,
+        prefill_tokens=700,
+        prefill_attn_pairs=1e5,
+        decode_seqs=30,
+        decode_context=9000,
+    )
     assert model(again).step_time(shape) == model(profile).step_time(shape)
 
 
@@ -152,7 +176,9 @@ def test_load_profile_for_paths_and_names(tmp_path):
     assert load_profile_for("example-a100-80gb.yaml") == read_profile(EXAMPLE_PATH)
     (tmp_path / "configs").mkdir()
     write_profile(read_profile(EXAMPLE_PATH), tmp_path / "configs" / "mine.yaml")
-    assert load_profile_for("mine.yaml", tmp_path / "configs").metadata.gpu == "NVIDIA A100-SXM4-80GB"
+    assert (
+        load_profile_for("mine.yaml", tmp_path / "configs").metadata.gpu == "NVIDIA A100-SXM4-80GB"
+    )
     with pytest.raises(ProfileError, match=r"cost_model.profile: 'nope.yaml' not found \(tried"):
         load_profile_for("nope.yaml", tmp_path)
 
@@ -161,10 +187,20 @@ def test_load_profile_for_paths_and_names(tmp_path):
 def test_bench_shapes_agree_with_the_simulator_catalogue(name):
     """gpu_validation cannot import the simulator, so it repeats the model shapes."""
     shape, spec = MODEL_SHAPES[name], MODELS[name]
-    for field in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_size", "vocab_size", "gated_ffn"):
+    for field in (
+        "num_layers",
+        "hidden_size",
+        "num_heads",
+        "num_kv_heads",
+        "ffn_size",
+        "vocab_size",
+        "gated_ffn",
+    ):
         assert getattr(shape, field) == getattr(spec, field), field
     # the timed GEMMs of a layer hold exactly the layer's weights
-    gemms = layer_gemms(spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.ffn_size, spec.gated_ffn)
+    gemms = layer_gemms(
+        spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.ffn_size, spec.gated_ffn
+    )
     assert sum(n * k for n, k in gemms) == spec.layer_params
 
 

@@ -77,7 +77,9 @@ class CalibratedCostModel(CostModel):
         self.pcie = pcie  # unused: the host link is measured (kept for the roofline's signature)
         m, tp = model, tensor_parallel
         self._layers = m.num_layers
-        self._gemms = layer_gemms(m.hidden_size, m.num_heads, m.num_kv_heads, m.ffn_size, m.gated_ffn, tp)
+        self._gemms = layer_gemms(
+            m.hidden_size, m.num_heads, m.num_kv_heads, m.ffn_size, m.gated_ffn, tp
+        )
         self._lm_head = lm_head_gemm(m.hidden_size, m.vocab_size, tp)
         self._dtype_bytes = m.dtype_bytes
         kv_heads = math.ceil(m.num_kv_heads / tp)
@@ -89,13 +91,17 @@ class CalibratedCostModel(CostModel):
         # Prefill attention, per layer: FLOPs per causal query-key pair (QK^T and PV).
         self._prefill_flops_per_pair = 4 * q_heads * m.head_dim
         # Copy-on-write: copy bandwidth barely depends on block size; use the nearest measured.
-        self._copy: AffineFit = profile.block_copy[_nearest_block_size(sorted(profile.block_copy), block_size)]
+        self._copy: AffineFit = profile.block_copy[
+            _nearest_block_size(sorted(profile.block_copy), block_size)
+        ]
         self._swap = profile.swap_mode(swap_batched)
         self._swap_batched = swap_batched
         # All-reduce (not measurable on one GPU): the roofline's two ring all-reduces per layer.
         if tp > 1:
             ring = 2 * (tp - 1) / tp
-            self._allreduce_token_s = 2 * m.num_layers * ring * m.hidden_size * m.dtype_bytes / gpu.nvlink_bandwidth
+            self._allreduce_token_s = (
+                2 * m.num_layers * ring * m.hidden_size * m.dtype_bytes / gpu.nvlink_bandwidth
+            )
             self._allreduce_fixed_s = 2 * m.num_layers * p.allreduce_latency_s
         else:
             self._allreduce_token_s = self._allreduce_fixed_s = 0.0

@@ -64,3 +64,9 @@ def test_shared_prefix_is_cached_and_skipped_by_prefill():
     assert warm["cached_prompt_tokens"] >= 149 * (341 // 16) * 16
     assert warm["memory_saving_perc"] > cold["memory_saving_perc"]
     assert warm["mean_ttft_ms"] < cold["mean_ttft_ms"]
+
+
+def test_contiguous_beams_copy_kv_instead_of_sharing():
+    s = run(workload={"beam_width": 4}, allocator={"kind": "contiguous", "preset": "orca-oracle"})
+    assert s["completed"] == 150 and s["memory_saving_perc"] == pytest.approx(0.0, abs=1e-9)
+    assert s["cow_copies"] > 0  # beams that replace dead ones copy their parent's KV

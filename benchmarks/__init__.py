@@ -1,0 +1,1 @@
+"""Speed and memory benchmarks (``make bench``): numbers, not pass/fail."""

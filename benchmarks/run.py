@@ -1,0 +1,124 @@
+"""``make bench``: wall time, simulated tokens per wall second and peak RSS per case.
+
+Each case runs in its own process so its peak RSS is its own (``os.wait4``).
+Cases (issue "Simulator speed"):
+
+a. the full Azure conv trace (19,366 requests) on Llama-2-70B, TP 2, A100-80GB,
+   paged blocks of 16, max_num_seqs 128, max_num_batched_tokens 4096;
+b. the same with Orca-Max;
+c. beam search of width 4 on 10,000 Alpaca-like requests;
+d. 10,000 / 100,000 / 1,000,000 Poisson requests with ShareGPT-like lengths,
+   streamed from the generator (Llama-2-7B, one A100-80GB, 5 req/s).
+
+Usage: ``python -m benchmarks.run [--cases a,b,...] [--no-macro]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+AZURE = {"trace": {"format": "azure", "path": "traces/data/AzureLLMInferenceTrace_conv.csv"}}
+
+
+def poisson_sharegpt(n: int) -> dict:
+    return {
+        "model": {"name": "llama-2-7b"},
+        "hardware": {"gpu": "a100-80gb"},
+        "workload": {"arrivals": {"kind": "poisson", "rate": 5.0},
+                     "lengths": {"kind": "preset", "name": "sharegpt-paper"}, "num_requests": n},
+    }
+
+
+CASES: dict[str, tuple[str, dict]] = {
+    "a": ("Azure conv, Llama-2-70B TP2, paged-16", {
+        "model": {"name": "llama-2-70b"}, "hardware": {"gpu": "a100-80gb", "tensor_parallel": 2},
+        "workload": AZURE, "scheduler": {"max_num_seqs": 128, "max_num_batched_tokens": 4096},
+    }),
+    "b": ("Azure conv, Llama-2-70B TP2, orca-max", {
+        "model": {"name": "llama-2-70b"}, "hardware": {"gpu": "a100-80gb", "tensor_parallel": 2},
+        "workload": AZURE, "scheduler": {"max_num_seqs": 128, "max_num_batched_tokens": 4096},
+        "allocator": {"kind": "contiguous", "preset": "orca-max"},
+    }),
+    "c": ("beam width 4, 10k Alpaca-like, OPT-13B", {
+        "model": {"name": "opt-13b"}, "hardware": {"gpu": "a100-40gb", "kv_cache_gb": 12},
+        "workload": {"arrivals": {"kind": "poisson", "rate": 5.0},
+                     "lengths": {"kind": "preset", "name": "alpaca-paper"}, "num_requests": 10_000,
+                     "beam_width": 4},
+    }),
+    "d10k": ("10k Poisson ShareGPT-like, Llama-2-7B", poisson_sharegpt(10_000)),
+    "d100k": ("100k Poisson ShareGPT-like, Llama-2-7B", poisson_sharegpt(100_000)),
+    "d1m": ("1M Poisson ShareGPT-like, Llama-2-7B", poisson_sharegpt(1_000_000)),
+}
+
+
+def run_case(name: str, macro: bool) -> dict:
+    """Run one case in this process; return its measurements."""
+    from simulator.config import validate_config
+    from simulator.runner import run_experiment
+
+    raw = json.loads(json.dumps(CASES[name][1]))
+    raw["name"] = f"bench-{name}"
+    raw.setdefault("metrics", {})["step_table"] = False
+    raw.setdefault("scheduler", {})["macro_steps"] = macro
+    cfg = validate_config(raw, source=f"benchmark {name}")
+    t0 = time.perf_counter()
+    result = run_experiment(cfg)
+    wall = time.perf_counter() - t0
+    steps = result.steps
+    tokens = int(steps["prefill_tokens"].sum() + steps["decode_tokens"].sum())
+    return {"case": name, "wall_s": wall, "tokens": tokens, "requests": result.summary["num_requests"],
+            "completed": result.summary["completed"], "rows": len(steps), "iterations": int(steps["iterations"].sum())}
+
+
+def measure(name: str, macro: bool) -> dict:
+    """Run a case in a child process and add its peak RSS (MiB)."""
+    cmd = [sys.executable, "-m", "benchmarks.run", "--child", name] + ([] if macro else ["--no-macro"])
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    if status != 0:
+        raise SystemExit(f"benchmark {name} failed (status {status})")
+    result = json.loads(out.strip().splitlines()[-1])
+    result["peak_rss_mib"] = usage.ru_maxrss / 1024  # Linux reports KiB
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cases", default="a,b,c,d10k,d100k,d1m", help="comma-separated: " + ",".join(CASES))
+    p.add_argument("--no-macro", action="store_true", help="step one iteration at a time (for comparison)")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        print(json.dumps(run_case(args.child, not args.no_macro)))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    names = [c.strip() for c in args.cases.split(",") if c.strip()]
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        p.error(f"unknown case(s) {', '.join(unknown)}; choose from {', '.join(CASES)}")
+    table = Table(title=f"kvsim benchmarks ({'single steps' if args.no_macro else 'macro-steps'})")
+    for col in ("case", "what", "requests", "wall s", "sim tokens / wall s", "wall µs / request", "peak RSS MiB",
+                "engine rows", "iterations"):
+        table.add_column(col, justify="right" if col not in ("case", "what") else "left")
+    console = Console(width=170)
+    for name in names:
+        with console.status(f"running {name} ..."):
+            r = measure(name, not args.no_macro)
+        table.add_row(name, CASES[name][0], f"{r['requests']:,}", f"{r['wall_s']:.2f}", f"{r['tokens'] / r['wall_s']:,.0f}",
+                      f"{r['wall_s'] / r['requests'] * 1e6:.0f}", f"{r['peak_rss_mib']:.0f}", f"{r['rows']:,}",
+                      f"{r['iterations']:,}")
+        console.print(f"{name}: {r['wall_s']:.2f} s, peak RSS {r['peak_rss_mib']:.0f} MiB")
+    console.print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
