@@ -95,6 +95,8 @@ def _driver_version() -> str:
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    if argv and argv[0] == "--":  # `kvsim calibrate -- --quick` hands the separator on
+        argv = argv[1:]
     p = argparse.ArgumentParser(prog="kvsim calibrate", description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--out", type=Path, default=PROFILES_DIR, help="directory for the profile, CSV and summary"

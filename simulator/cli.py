@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -178,6 +179,18 @@ def rates_table(rates, title: str) -> Table:
     return t
 
 
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    from simulator.reproduce import reproduce
+
+    only = tuple(x.strip() for x in (args.only or "").split(",") if x.strip())
+    console = Console()
+    report = reproduce(Path(args.out), quick=args.quick, executor=args.executor, workers=args.workers,
+                       address=args.address, only=only, progress=not args.no_progress, log=console.print)
+    console.print(f"report:  {report}")
+    console.print(f"figures: {report.parent / 'figures'}")
+    return 0
+
+
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from gpu_validation.bench import main as bench_main
 
@@ -229,12 +242,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_plot_command(sub)
 
-    try:
-        from simulator.trace_cli import add_trace_commands
-    except ImportError:  # pragma: no cover - trace commands are optional at import time
-        add_trace_commands = None
-    if add_trace_commands is not None:
-        add_trace_commands(sub)
+    from simulator.trace_cli import add_trace_commands
+
+    add_trace_commands(sub)
+
+    rep = sub.add_parser("reproduce", help="regenerate a paper's evaluation (figures + report)",
+                         description="Run the paper's experiments (configs/vllm_paper/) through the sweep "
+                         "executor, draw each figure and write report.md beside the paper's claims.")
+    rep.add_argument("paper", choices=("vllm-paper",), help="which paper")
+    rep.add_argument("--quick", action="store_true", help="reduced workloads: a few minutes on 2 cores")
+    rep.add_argument("--only", help="comma-separated experiments, e.g. fig2,fig13")
+    rep.add_argument("--out", default="results/vllm-paper", help="results folder (default: results/vllm-paper)")
+    rep.add_argument("--executor", choices=("local", "ray"), default="local")
+    rep.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
+    rep.add_argument("--workers", type=int, help="processes (local) or CPUs of a local Ray; default: one per core")
+    rep.add_argument("--no-progress", action="store_true", help="no progress bars")
+    rep.set_defaults(func=cmd_reproduce)
 
     cal = sub.add_parser("calibrate", help="measure kernels on a GPU and write a cost-model profile")
     cal.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for python -m gpu_validation.bench")

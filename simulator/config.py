@@ -144,9 +144,25 @@ class CostModelConfig(Strict):
 
 
 class MetricsConfig(Strict):
+    """SLOs for goodput, and the window memory classes are averaged over.
+
+    ``window``: ``busy`` (all engine steps), ``saturated`` (from the first to the last
+    step with a request waiting: steady state under load), or set ``window_start_s`` /
+    ``window_end_s`` (seconds of simulated time) for an explicit interval.
+    """
+
     slo_ttft_ms: float | None = Field(None, gt=0)
     slo_tpot_ms: float | None = Field(None, gt=0)
+    window: Literal["busy", "saturated"] = "busy"
+    window_start_s: float | None = Field(None, ge=0)
+    window_end_s: float | None = Field(None, gt=0)
     step_table: bool = True  # write the per-step table (Parquet)
+
+    @property
+    def measurement_window(self) -> str | tuple[float | None, float | None]:
+        if self.window_start_s is not None or self.window_end_s is not None:
+            return (self.window_start_s, self.window_end_s)
+        return self.window
 
 
 class ExperimentConfig(Strict):

@@ -87,8 +87,12 @@ def execute_run(job: RunJob) -> RunOutcome:
         if job.write:
             write_run(result, Path(job.run_dir), plot=job.plot)
             return RunOutcome(job.run_id, True, summary=dict(result.summary), wall_s=result.wall_s)
-        return RunOutcome(job.run_id, True, summary=dict(result.summary), wall_s=result.wall_s, result=result)
-    except Exception as e:  # a failing run is data, not a crash of the sweep (the driver records it)
+        return RunOutcome(
+            job.run_id, True, summary=dict(result.summary), wall_s=result.wall_s, result=result
+        )
+    except (
+        Exception
+    ) as e:  # a failing run is data, not a crash of the sweep (the driver records it)
         return RunOutcome(job.run_id, False, error=_error_line(e), details=traceback.format_exc())
 
 
@@ -139,7 +143,9 @@ def _pool_context():
     in it can be sent to workers."""
     if "forkserver" in mp.get_all_start_methods():
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["__main__", "simulator.executors", "simulator.runner", "simulator.results"])
+        ctx.set_forkserver_preload(
+            ["__main__", "simulator.executors", "simulator.runner", "simulator.results"]
+        )
         return ctx
     return mp.get_context("spawn")
 
@@ -153,7 +159,10 @@ class LocalExecutor:
     and is recorded as failed; the others complete.
     """
 
-    CRASH = "WorkerCrashed: the worker process died while running this config (killed, or out of memory?)"
+    CRASH = (
+        "WorkerCrashed: the worker process died while running this config "
+        "(killed, or out of memory?)"
+    )
 
     def __init__(self, fn: RunFn = execute_run, workers: int | None = None):
         self.fn = fn
@@ -178,7 +187,7 @@ class LocalExecutor:
         self._futures[self._pool.submit(self.fn, job)] = job
 
     def _fill(self) -> None:
-        """Hand runs to the pool: suspects one at a time with nothing else, else up to ``workers``."""
+        """Hand runs to the pool: a suspect alone, else up to ``workers`` runs."""
         if self._alone is not None:
             return
         if self._suspects:
@@ -205,8 +214,17 @@ class LocalExecutor:
                     self._futures[fut] = job  # handled with the rest of the pool below
                     continue
                 except Exception as e:  # the run function itself raised (or failed to pickle)
-                    self._ready.append((job, RunOutcome(job.run_id, False, error=_error_line(e),
-                                                        details=traceback.format_exc())))
+                    self._ready.append(
+                        (
+                            job,
+                            RunOutcome(
+                                job.run_id,
+                                False,
+                                error=_error_line(e),
+                                details=traceback.format_exc(),
+                            ),
+                        )
+                    )
                 if job is self._alone:
                     self._alone = None
             if crashed:
@@ -222,7 +240,9 @@ class LocalExecutor:
             self._pool = None
         for job in broken:
             if job is self._alone:
-                self._ready.append((job, RunOutcome(job.run_id, False, error=self.CRASH, details=self.CRASH)))
+                self._ready.append(
+                    (job, RunOutcome(job.run_id, False, error=self.CRASH, details=self.CRASH))
+                )
                 self._alone = None
             else:
                 self._suspects.append(job)
@@ -245,7 +265,9 @@ class LocalExecutor:
 class RayExecutor:
     """One Ray task per run; joins ``address`` or starts a local Ray of ``num_cpus`` CPUs."""
 
-    def __init__(self, fn: RunFn = execute_run, address: str | None = None, num_cpus: int | None = None):
+    def __init__(
+        self, fn: RunFn = execute_run, address: str | None = None, num_cpus: int | None = None
+    ):
         try:
             import ray
         except ImportError:
@@ -256,8 +278,12 @@ class RayExecutor:
             if address:
                 ray.init(address=address, log_to_driver=False)
             else:
-                ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
-                         log_to_driver=False, configure_logging=False)
+                ray.init(
+                    num_cpus=num_cpus or os.cpu_count(),
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    configure_logging=False,
+                )
             self._started = True
         # max_retries: a task whose worker died is tried once more (as the local pool does).
         self._remote = ray.remote(num_cpus=1, max_retries=1)(fn)
@@ -279,7 +305,9 @@ class RayExecutor:
         try:
             return job, self._ray.get(ref)
         except Exception as e:  # the worker died twice, or the task could not run
-            return job, RunOutcome(job.run_id, False, error=_error_line(e), details=traceback.format_exc())
+            return job, RunOutcome(
+                job.run_id, False, error=_error_line(e), details=traceback.format_exc()
+            )
 
     def close(self, cancel: bool = False) -> None:
         if cancel:
@@ -297,8 +325,12 @@ class RayExecutor:
         self.close(cancel=exc[0] is not None)
 
 
-def make_executor(kind: str = "local", fn: RunFn = execute_run, workers: int | None = None,
-                  address: str | None = None) -> InProcessExecutor | LocalExecutor | RayExecutor:
+def make_executor(
+    kind: str = "local",
+    fn: RunFn = execute_run,
+    workers: int | None = None,
+    address: str | None = None,
+) -> InProcessExecutor | LocalExecutor | RayExecutor:
     """``local`` (a process pool; ``workers=1`` runs in this process) or ``ray``
     (``address`` of a cluster, or a local Ray of ``workers`` CPUs)."""
     if workers is not None and workers < 1:

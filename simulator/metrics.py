@@ -83,6 +83,27 @@ def request_frame(rows: Iterable[tuple]) -> pd.DataFrame:
     return df.sort_values("request_id", kind="stable").reset_index(drop=True)
 
 
+def measurement_steps(steps: pd.DataFrame, window: str | tuple[float | None, float | None]) -> pd.DataFrame:
+    """The steps memory classes and batch sizes are averaged over.
+
+    ``busy``: every step (the engine's busy time); ``saturated``: from the first to the
+    last step that starts with a request waiting (steady state under load, without the
+    ramp-up and the final drain); ``(start_s, end_s)``: steps starting in that interval.
+    """
+    if isinstance(window, tuple):
+        start, end = window
+        keep = np.ones(len(steps), bool)
+        if start is not None:
+            keep &= steps["start_s"].to_numpy() >= start
+        if end is not None:
+            keep &= steps["start_s"].to_numpy() < end
+        return steps[keep]
+    if window == "saturated":
+        waiting = np.flatnonzero(steps["waiting"].to_numpy() > 0)
+        return steps.iloc[waiting[0]: waiting[-1] + 1] if len(waiting) else steps.iloc[:0]
+    return steps
+
+
 def _stats(name: str, seconds: np.ndarray, out: dict) -> None:
     ms = seconds * 1000.0
     has = len(ms) > 0
@@ -98,6 +119,7 @@ def summarize(
     capacity_slots: int,
     slo_ttft_ms: float | None = None,
     slo_tpot_ms: float | None = None,
+    window: str | tuple[float | None, float | None] = "busy",
 ) -> dict:
     """The run's summary: counts, throughputs, latency statistics, memory breakdown."""
     out: dict = {}
@@ -138,13 +160,16 @@ def summarize(
     out["normalized_latency_s_per_token"] = float((e2el / done["output_tokens"].to_numpy(float)).mean()) if len(done) else float("nan")
 
     w = steps["duration_s"].to_numpy(float)
-    total_w = w.sum()
     out["num_steps"] = int(steps["iterations"].sum()) if len(steps) else 0
     out["num_preemptions"] = int(requests["preemptions"].sum())
-    out["busy_time_s"] = float(total_w)
+    out["busy_time_s"] = float(w.sum())
+    measured = measurement_steps(steps, window)
+    mw = measured["duration_s"].to_numpy(float)
+    total_w = mw.sum()
+    out["measured_time_s"] = float(total_w)
     if total_w > 0:
-        out["mean_batched_requests"] = float((steps["batched_requests"] * w).sum() / total_w)
-        shares = {c: float((steps[c] * w).sum() / total_w / capacity_slots * 100) for c in CLASSES}
+        out["mean_batched_requests"] = float((measured["batched_requests"] * mw).sum() / total_w)
+        shares = {c: float((measured[c] * mw).sum() / total_w / capacity_slots * 100) for c in CLASSES}
     else:
         out["mean_batched_requests"] = 0.0
         shares = {c: 0.0 for c in CLASSES}

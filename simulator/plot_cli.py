@@ -46,6 +46,7 @@ class PlotError(ValueError):
 
 # --- reading a sweep folder ----------------------------------------------------------------
 
+
 def load_results(sweep_dir: Path) -> tuple[pd.DataFrame, dict, pd.DataFrame | None]:
     """(sweep table, sweep.json metadata or {}, rates table or None)."""
     sweep_dir = Path(sweep_dir)
@@ -86,7 +87,9 @@ def _fmt(v) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 
-def group_labels(df: pd.DataFrame, keys: Sequence[str], use_system: bool, fallback: str = "all runs") -> pd.Series:
+def group_labels(
+    df: pd.DataFrame, keys: Sequence[str], use_system: bool, fallback: str = "all runs"
+) -> pd.Series:
     """A system name per row: its ``system`` label (when the sweep names systems) and the
     values of ``keys``."""
     labels = []
@@ -97,7 +100,9 @@ def group_labels(df: pd.DataFrame, keys: Sequence[str], use_system: bool, fallba
     return pd.Series(labels, index=df.index, dtype=object)
 
 
-def _group_keys(df: pd.DataFrame, params: Sequence[str], exclude: Sequence[str], has_label: bool) -> list[str]:
+def _group_keys(
+    df: pd.DataFrame, params: Sequence[str], exclude: Sequence[str], has_label: bool
+) -> list[str]:
     keys = [k for k in varied(df, params) if k not in exclude]
     if has_label:  # keep what varies *within* a label: the label already names the rest
         keys = [k for k in keys if df.groupby("system")[k].agg(_distinct).max() > 1]
@@ -114,8 +119,11 @@ def _rate_column(params: Sequence[str], vary: Sequence[str], meta: dict) -> str 
     return None
 
 
-def sustainable_from_curve(df: pd.DataFrame, rate_col: str, criterion: SustainabilityCriterion) -> float | None:
-    """The highest rate up to which every run (by rate) meets ``criterion``; None if the lowest fails."""
+def sustainable_from_curve(
+    df: pd.DataFrame, rate_col: str, criterion: SustainabilityCriterion
+) -> float | None:
+    """The highest rate up to which every run (in rate order) meets ``criterion``;
+    None if the lowest rate already fails."""
     best = None
     for _, row in df.sort_values(rate_col).iterrows():
         if not criterion.sustainable(row.to_dict()):
@@ -135,6 +143,7 @@ def _unique(labels: list[str]) -> list[str]:
 
 # --- drawing -------------------------------------------------------------------------------
 
+
 def plot_sweep(sweep_dir: Path, out_dir: Path | None = None) -> list[Path]:
     """Draw every figure that applies to a sweep folder; return the files written."""
     from simulator import plots
@@ -151,8 +160,11 @@ def plot_sweep(sweep_dir: Path, out_dir: Path | None = None) -> list[Path]:
     vary = varied(ok, params)
     rate_col = _rate_column(params, vary, meta)
     search = meta.get("find_rate") or {}
-    bound = search.get("max_normalized_latency", DEFAULT_MAX_NORMALIZED_LATENCY) if search \
+    bound = (
+        search.get("max_normalized_latency", DEFAULT_MAX_NORMALIZED_LATENCY)
+        if search
         else DEFAULT_MAX_NORMALIZED_LATENCY
+    )
     written: list[Path] = []
 
     # Normalized latency vs rate, with each system's sustainable rate.
@@ -163,23 +175,48 @@ def plot_sweep(sweep_dir: Path, out_dir: Path | None = None) -> list[Path]:
         ok["_group"] = group_labels(ok, keys, has_label, fallback=name)
         if rates is not None:
             rates = rates.copy()
-            rates["_group"] = group_labels(rates, [k for k in keys if k in rates], has_label, fallback=name)
-            sustainable = {g: (None if pd.isna(r) else float(r))
-                           for g, r in zip(rates["_group"], rates["sustainable_rate"])}
+            rates["_group"] = group_labels(
+                rates, [k for k in keys if k in rates], has_label, fallback=name
+            )
+            sustainable = {
+                g: (None if pd.isna(r) else float(r))
+                for g, r in zip(rates["_group"], rates["sustainable_rate"])
+            }
             at_least = rates.loc[rates["search_status"] == "above_hi", "_group"].tolist()
         else:
-            criterion = SustainabilityCriterion(max_normalized_latency=bound) if bound else SustainabilityCriterion()
-            sustainable = {g: sustainable_from_curve(df, rate_col, criterion)
-                           for g, df in ok.groupby("_group", sort=False)}
-            at_least = [g for g, df in ok.groupby("_group", sort=False)
-                        if sustainable[g] is not None and sustainable[g] >= df[rate_col].astype(float).max()]
-        curves = {g: (df[rate_col].astype(float).tolist(), df["normalized_latency_s_per_token"].tolist())
-                  for g, df in ok.groupby("_group", sort=False)}
-        unit = "rate multiplier (x the trace's own rate)" if rate_col == "workload.rate_scale" \
+            criterion = (
+                SustainabilityCriterion(max_normalized_latency=bound)
+                if bound
+                else SustainabilityCriterion()
+            )
+            sustainable = {
+                g: sustainable_from_curve(df, rate_col, criterion)
+                for g, df in ok.groupby("_group", sort=False)
+            }
+            at_least = [
+                g
+                for g, df in ok.groupby("_group", sort=False)
+                if sustainable[g] is not None and sustainable[g] >= df[rate_col].astype(float).max()
+            ]
+        curves = {
+            g: (df[rate_col].astype(float).tolist(), df["normalized_latency_s_per_token"].tolist())
+            for g, df in ok.groupby("_group", sort=False)
+        }
+        unit = (
+            "rate multiplier (x the trace's own rate)"
+            if rate_col == "workload.rate_scale"
             else "request rate (req/s)"
-        written += plots.plot_latency_vs_rate(curves, out_dir / "latency_vs_rate.png", sustainable, bound,
-                                              rate_label=unit, title=f"{name}: normalized latency vs rate",
-                                              at_least=at_least, formats=FORMATS)
+        )
+        written += plots.plot_latency_vs_rate(
+            curves,
+            out_dir / "latency_vs_rate.png",
+            sustainable,
+            bound,
+            rate_label=unit,
+            title=f"{name}: normalized latency vs rate",
+            at_least=at_least,
+            formats=FORMATS,
+        )
 
     # Bars: memory classes and batched requests, one per system (at a common rate).
     bars, where = _bar_rows(ok, rate_col, sustainable)
@@ -187,19 +224,32 @@ def plot_sweep(sweep_dir: Path, out_dir: Path | None = None) -> list[Path]:
     labels = _unique(group_labels(bars, bar_keys, has_label, fallback=name).tolist())[:MAX_BARS]
     bars = bars.iloc[:MAX_BARS]
     summaries = {label: row.to_dict() for label, (_, row) in zip(labels, bars.iterrows())}
-    written += _both(plots.plot_memory_breakdown(summaries, out_dir / "memory_breakdown.png",
-                                                 title=f"{name}: KV cache usage{where}", formats=FORMATS))
-    written += plots.plot_batched_requests({k: v.get("mean_batched_requests", float("nan"))
-                                            for k, v in summaries.items()},
-                                           out_dir / "batched_requests.png",
-                                           title=f"{name}: mean batched requests{where}", formats=FORMATS)
+    written += _both(
+        plots.plot_memory_breakdown(
+            summaries,
+            out_dir / "memory_breakdown.png",
+            title=f"{name}: KV cache usage{where}",
+            formats=FORMATS,
+        )
+    )
+    written += plots.plot_batched_requests(
+        {k: v.get("mean_batched_requests", float("nan")) for k, v in summaries.items()},
+        out_dir / "batched_requests.png",
+        title=f"{name}: mean batched requests{where}",
+        formats=FORMATS,
+    )
 
     if BLOCK_KEY in vary:
         keys = _group_keys(ok, params, [BLOCK_KEY], has_label)
         ok["_group"] = group_labels(ok, keys, has_label, fallback=name)
         curves = {g: df for g, df in ok.groupby("_group", sort=False)}
-        written += plots.plot_block_size_sweep(curves, out_dir / "block_size.png", block_col=BLOCK_KEY,
-                                               title=f"{name}: block size", formats=FORMATS)
+        written += plots.plot_block_size_sweep(
+            curves,
+            out_dir / "block_size.png",
+            block_col=BLOCK_KEY,
+            title=f"{name}: block size",
+            formats=FORMATS,
+        )
 
     if MODE_KEY in vary:
         x_col = BLOCK_KEY if BLOCK_KEY in vary else (rate_col or None)
@@ -208,10 +258,19 @@ def plot_sweep(sweep_dir: Path, out_dir: Path | None = None) -> list[Path]:
             keys = [MODE_KEY, *keys]
         ok["_group"] = group_labels(ok, keys, has_label, fallback=name)
         curves = {g: df for g, df in ok.groupby("_group", sort=False)}
-        x_label = "block size (tokens)" if x_col == BLOCK_KEY else ("request rate (req/s)" if x_col else "")
-        written += plots.plot_swap_vs_recompute(curves, out_dir / "swap_vs_recompute.png", x_col=x_col,
-                                                x_label=x_label, title=f"{name}: swap vs recompute",
-                                                formats=FORMATS)
+        x_label = (
+            "block size (tokens)"
+            if x_col == BLOCK_KEY
+            else ("request rate (req/s)" if x_col else "")
+        )
+        written += plots.plot_swap_vs_recompute(
+            curves,
+            out_dir / "swap_vs_recompute.png",
+            x_col=x_col,
+            x_label=x_label,
+            title=f"{name}: swap vs recompute",
+            formats=FORMATS,
+        )
     return written
 
 
@@ -219,7 +278,9 @@ def _both(path: Path) -> list[Path]:
     return [Path(path).with_suffix(f".{f}") for f in FORMATS]
 
 
-def _bar_rows(ok: pd.DataFrame, rate_col: str | None, sustainable: dict) -> tuple[pd.DataFrame, str]:
+def _bar_rows(
+    ok: pd.DataFrame, rate_col: str | None, sustainable: dict
+) -> tuple[pd.DataFrame, str]:
     """The runs to compare in bar charts, and the words saying at which rate."""
     if not rate_col:
         return ok, ""
@@ -228,7 +289,12 @@ def _bar_rows(ok: pd.DataFrame, rate_col: str | None, sustainable: dict) -> tupl
     if common:
         rate = max(common)
         rows = ok[ok[rate_col].astype(float) == rate].drop_duplicates("_group")
-        return rows, f" at {rate:g} req/s" if rate_col != "workload.rate_scale" else f" at {rate:g}x the trace rate"
+        return (
+            rows,
+            f" at {rate:g} req/s"
+            if rate_col != "workload.rate_scale"
+            else f" at {rate:g}x the trace rate",
+        )
     picked = []
     for g, df in groups:
         target = sustainable.get(g)
@@ -245,14 +311,23 @@ def plot_run(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
     out_dir = Path(out_dir) if out_dir else run_dir / "plots"
     steps_path = run_dir / "steps.parquet"
     if not steps_path.is_file():
-        raise PlotError(f"{run_dir}: no steps.parquet (the run had metrics.step_table: false); "
-                        "nothing to draw a timeline from")
+        raise PlotError(
+            f"{run_dir}: no steps.parquet (the run had metrics.step_table: false); "
+            "nothing to draw a timeline from"
+        )
     summary = json.loads((run_dir / "summary.json").read_text())
     cfg_path = run_dir / "config.yaml"
-    name = (yaml.safe_load(cfg_path.read_text()) or {}).get("name", "") if cfg_path.is_file() else ""
+    name = (
+        (yaml.safe_load(cfg_path.read_text()) or {}).get("name", "") if cfg_path.is_file() else ""
+    )
     title = f"{name} ({run_dir.name}): KV cache memory over time" if name else ""
-    plots.plot_memory_timeline(pd.read_parquet(steps_path), summary["kv_capacity_slots"],
-                               out_dir / "memory_timeline.png", title=title, formats=FORMATS)
+    plots.plot_memory_timeline(
+        pd.read_parquet(steps_path),
+        summary["kv_capacity_slots"],
+        out_dir / "memory_timeline.png",
+        title=title,
+        formats=FORMATS,
+    )
     return _both(out_dir / "memory_timeline.png")
 
 
@@ -265,10 +340,13 @@ def plot_results(results: Path, out_dir: Path | None = None) -> list[Path]:
         return plot_run(results, out_dir)
     if not results.is_dir():
         raise PlotError(f"{results}: no such folder")
-    raise PlotError(f"{results}: neither a sweep folder (sweep.parquet) nor a run folder (summary.json)")
+    raise PlotError(
+        f"{results}: neither a sweep folder (sweep.parquet) nor a run folder (summary.json)"
+    )
 
 
 # --- command line --------------------------------------------------------------------------
+
 
 def cmd_plot(args: argparse.Namespace) -> int:
     for p in plot_results(Path(args.results), Path(args.out) if args.out else None):
@@ -279,14 +357,27 @@ def cmd_plot(args: argparse.Namespace) -> int:
 def add_plot_command(subparsers) -> None:
     """Register ``kvsim plot`` on the CLI's argparse subparsers."""
     p = subparsers.add_parser(
-        "plot", help="draw a sweep's or a run's figures (PNG and SVG)",
-        description="Draw the figures that apply to a sweep folder (memory breakdown, batched requests, "
+        "plot",
+        help="draw a sweep's or a run's figures (PNG and SVG)",
+        description="Draw the figures that apply to a sweep folder (memory breakdown, "
+        "batched requests, "
         "latency vs rate, block size, swap vs recompute) or a run folder (memory timeline) into "
-        "RESULTS/plots/, and print their paths.")
-    p.add_argument("results", help="a sweep folder (results/NAME) or a run folder (results/NAME/runs/ID)")
+        "RESULTS/plots/, and print their paths.",
+    )
+    p.add_argument(
+        "results", help="a sweep folder (results/NAME) or a run folder (results/NAME/runs/ID)"
+    )
     p.add_argument("--out", help="folder for the figures (default: RESULTS/plots)")
     p.set_defaults(func=cmd_plot)
 
 
-__all__ = ["PlotError", "add_plot_command", "group_labels", "plot_results", "plot_run", "plot_sweep",
-           "sustainable_from_curve", "varied"]
+__all__ = [
+    "PlotError",
+    "add_plot_command",
+    "group_labels",
+    "plot_results",
+    "plot_run",
+    "plot_sweep",
+    "sustainable_from_curve",
+    "varied",
+]

@@ -59,7 +59,16 @@ STYLE = {
 }
 
 # Okabe-Ito: distinguishable with the common kinds of color blindness.
-SYSTEM_COLORS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#F0E442")
+SYSTEM_COLORS = (
+    "#0072B2",
+    "#D55E00",
+    "#009E73",
+    "#CC79A7",
+    "#E69F00",
+    "#56B4E9",
+    "#000000",
+    "#F0E442",
+)
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
 
@@ -84,8 +93,15 @@ def _paths(path: Path, formats: Sequence[str]) -> list[Path]:
     return [Path(path).with_suffix(f".{f}") for f in formats]
 
 
-def plot_memory_timeline(steps: pd.DataFrame, capacity_slots: int, path: Path, title: str = "",
-                         replica: int = 0, max_points: int = 4000, formats: Sequence[str] | None = None) -> Path:
+def plot_memory_timeline(
+    steps: pd.DataFrame,
+    capacity_slots: int,
+    path: Path,
+    title: str = "",
+    replica: int = 0,
+    max_points: int = 4000,
+    formats: Sequence[str] | None = None,
+) -> Path:
     """Stacked share of KV capacity per memory class over simulated time (one replica)."""
     df = steps[steps["replica"] == replica] if "replica" in steps else steps
     if len(df) > max_points:  # keep the figure light: sample steps evenly
@@ -95,8 +111,13 @@ def plot_memory_timeline(steps: pd.DataFrame, capacity_slots: int, path: Path, t
         ax.grid(False)
         t = df["start_s"].to_numpy()
         ys = [df[c].to_numpy() / capacity_slots * 100 for c in CLASSES]
-        ax.stackplot(t, ys, labels=[CLASS_LABELS[c] for c in CLASSES],
-                     colors=[CLASS_COLORS[c] for c in CLASSES], step="post")
+        ax.stackplot(
+            t,
+            ys,
+            labels=[CLASS_LABELS[c] for c in CLASSES],
+            colors=[CLASS_COLORS[c] for c in CLASSES],
+            step="post",
+        )
         ax.set_xlabel("simulated time (s)")
         ax.set_ylabel("share of KV cache (%)")
         ax.set_ylim(0, 100)
@@ -107,8 +128,12 @@ def plot_memory_timeline(steps: pd.DataFrame, capacity_slots: int, path: Path, t
         return _save(fig, path, formats)
 
 
-def plot_memory_breakdown(rows: dict[str, dict], path: Path, title: str = "KV cache usage by system",
-                          formats: Sequence[str] | None = None) -> Path:
+def plot_memory_breakdown(
+    rows: dict[str, dict],
+    path: Path,
+    title: str = "KV cache usage by system",
+    formats: Sequence[str] | None = None,
+) -> Path:
     """Stacked horizontal bars of time-weighted memory classes, one bar per system.
 
     ``rows`` maps a system label to a summary dict (``mem_<class>_perc`` keys).
@@ -121,25 +146,47 @@ def plot_memory_breakdown(rows: dict[str, dict], path: Path, title: str = "KV ca
         for c in CLASSES:
             vals = np.array([rows[k].get(f"mem_{c}_perc", 0.0) for k in labels], dtype=float)
             vals = np.nan_to_num(vals)
-            ax.barh(labels, vals, left=left, color=CLASS_COLORS[c], label=CLASS_LABELS[c], edgecolor="white")
+            ax.barh(
+                labels,
+                vals,
+                left=left,
+                color=CLASS_COLORS[c],
+                label=CLASS_LABELS[c],
+                edgecolor="white",
+            )
             for i, v in enumerate(vals):
                 if v >= 6:
                     dark = c in ("token_states", "external_frag")
-                    ax.text(left[i] + v / 2, i, f"{v:.0f}%", ha="center", va="center", fontsize=8,
-                            color="white" if dark else "black")
+                    ax.text(
+                        left[i] + v / 2,
+                        i,
+                        f"{v:.0f}%",
+                        ha="center",
+                        va="center",
+                        fontsize=8,
+                        color="white" if dark else "black",
+                    )
             left += vals
         ax.set_xlim(0, 100)
         ax.set_xlabel("share of KV cache, time-weighted (%)")
         ax.invert_yaxis()
         ax.set_title(title)
-        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.6 / (len(labels) + 3)), ncol=3,
-                  fontsize=8, frameon=False)
+        ax.legend(
+            loc="upper center",
+            bbox_to_anchor=(0.5, -0.12 - 0.6 / (len(labels) + 3)),
+            ncol=3,
+            fontsize=8,
+            frameon=False,
+        )
         return _save(fig, path, formats)
 
 
-def plot_batched_requests(values: Mapping[str, float], path: Path,
-                          title: str = "Mean batched requests by system",
-                          formats: Sequence[str] = ("png", "svg")) -> list[Path]:
+def plot_batched_requests(
+    values: Mapping[str, float],
+    path: Path,
+    title: str = "Mean batched requests by system",
+    formats: Sequence[str] = ("png", "svg"),
+) -> list[Path]:
     """One horizontal bar per system: requests in a batch, time-weighted over busy time.
 
     More requests per batch is the throughput lever of better KV memory management
@@ -160,12 +207,16 @@ def plot_batched_requests(values: Mapping[str, float], path: Path,
     return _paths(path, formats)
 
 
-def plot_latency_vs_rate(curves: Mapping[str, tuple[Sequence[float], Sequence[float]]], path: Path,
-                         sustainable: Mapping[str, float | None] | None = None, threshold: float | None = None,
-                         rate_label: str = "request rate (req/s)",
-                         title: str = "Normalized latency vs request rate",
-                         at_least: Sequence[str] = (),
-                         formats: Sequence[str] = ("png", "svg")) -> list[Path]:
+def plot_latency_vs_rate(
+    curves: Mapping[str, tuple[Sequence[float], Sequence[float]]],
+    path: Path,
+    sustainable: Mapping[str, float | None] | None = None,
+    threshold: float | None = None,
+    rate_label: str = "request rate (req/s)",
+    title: str = "Normalized latency vs request rate",
+    at_least: Sequence[str] = (),
+    formats: Sequence[str] = ("png", "svg"),
+) -> list[Path]:
     """Normalized latency (s/token) against the rate, one line per system (the vLLM paper's
     Fig. 12), each system's sustainable rate marked by a dotted vertical line and labelled.
 
@@ -182,13 +233,23 @@ def plot_latency_vs_rate(curves: Mapping[str, tuple[Sequence[float], Sequence[fl
             order = np.argsort(np.asarray(rates, float))
             x = np.asarray(rates, float)[order]
             y = np.asarray(lat, float)[order]
-            ax.plot(x, y, marker=MARKERS[i % len(MARKERS)], ms=4, lw=1.8, color=system_color(i), label=name)
+            ax.plot(
+                x,
+                y,
+                marker=MARKERS[i % len(MARKERS)],
+                ms=4,
+                lw=1.8,
+                color=system_color(i),
+                label=name,
+            )
             finite = y[np.isfinite(y)]
             ymax = max(ymax, finite.max(initial=0.0))
         top = ymax * 1.08 if ymax > 0 else 1.0
         if threshold is not None:
             top = min(top, 4 * threshold) if ymax > 4 * threshold else max(top, 1.25 * threshold)
-            ax.axhline(threshold, ls="--", lw=1, color="0.4", label=f"bound ({threshold:g} s/token)")
+            ax.axhline(
+                threshold, ls="--", lw=1, color="0.4", label=f"bound ({threshold:g} s/token)"
+            )
         ax.set_ylim(0, top)
         unit = " req/s" if "req/s" in rate_label else ""
         ax.set_xlim(left=0)
@@ -200,21 +261,39 @@ def plot_latency_vs_rate(curves: Mapping[str, tuple[Sequence[float], Sequence[fl
             ax.axvline(rate, ls=":", lw=1.6, color=system_color(i))
             text = f"{'≥ ' if name in at_least else ''}{rate:.3g}{unit}"
             right = rate > 0.7 * x_right  # keep the label inside the axes
-            ax.annotate(text, xy=(rate, top), xytext=(-3 if right else 3, -4 - 12 * (i % 5)),
-                        textcoords="offset points", ha="right" if right else "left", va="top", fontsize=8,
-                        color=system_color(i), fontweight="bold",
-                        bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8})
+            ax.annotate(
+                text,
+                xy=(rate, top),
+                xytext=(-3 if right else 3, -4 - 12 * (i % 5)),
+                textcoords="offset points",
+                ha="right" if right else "left",
+                va="top",
+                fontsize=8,
+                color=system_color(i),
+                fontweight="bold",
+                bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8},
+            )
         ax.set_xlabel(rate_label)
         ax.set_ylabel("normalized latency (s/token)")
         ax.set_title(title)
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), title="system\n(dotted: sustainable rate)",
-                  title_fontsize=8, alignment="left")
+        ax.legend(
+            loc="upper left",
+            bbox_to_anchor=(1.01, 1),
+            title="system\n(dotted: sustainable rate)",
+            title_fontsize=8,
+            alignment="left",
+        )
         _save(fig, path, formats)
     return _paths(path, formats)
 
 
-def plot_block_size_sweep(curves: Mapping[str, pd.DataFrame], path: Path, block_col: str = "allocator.block_size",
-                          title: str = "Block size", formats: Sequence[str] = ("png", "svg")) -> list[Path]:
+def plot_block_size_sweep(
+    curves: Mapping[str, pd.DataFrame],
+    path: Path,
+    block_col: str = "allocator.block_size",
+    title: str = "Block size",
+    formats: Sequence[str] = ("png", "svg"),
+) -> list[Path]:
     """Three panels against the block size (tokens, log2 axis), one line per system:
     normalized latency (s/token), output throughput (tokens/s) and internal fragmentation
     (% of KV cache). Small blocks cost kernel efficiency, large ones waste memory in the
@@ -222,9 +301,11 @@ def plot_block_size_sweep(curves: Mapping[str, pd.DataFrame], path: Path, block_
 
     ``curves`` maps a system to a summary table with a ``block_col`` column.
     """
-    panels = (("normalized_latency_s_per_token", "normalized latency (s/token)"),
-              ("output_throughput", "output throughput (tokens/s)"),
-              ("mem_internal_frag_perc", "internal fragmentation (% of KV cache)"))
+    panels = (
+        ("normalized_latency_s_per_token", "normalized latency (s/token)"),
+        ("output_throughput", "output throughput (tokens/s)"),
+        ("mem_internal_frag_perc", "internal fragmentation (% of KV cache)"),
+    )
     with plt.rc_context(STYLE):
         fig, axes = plt.subplots(1, 3, figsize=(13, 3.9))
         ticks: set[int] = set()
@@ -234,7 +315,15 @@ def plot_block_size_sweep(curves: Mapping[str, pd.DataFrame], path: Path, block_
             ticks.update(int(v) for v in x)
             for ax, (col, _) in zip(axes, panels):
                 y = df[col].to_numpy(float) if col in df else np.full(len(x), np.nan)
-                ax.plot(x, y, marker=MARKERS[i % len(MARKERS)], ms=4, lw=1.8, color=system_color(i), label=name)
+                ax.plot(
+                    x,
+                    y,
+                    marker=MARKERS[i % len(MARKERS)],
+                    ms=4,
+                    lw=1.8,
+                    color=system_color(i),
+                    label=name,
+                )
         for ax, (_, label) in zip(axes, panels):
             ax.set_xscale("log", base=2)
             ax.set_xticks(sorted(ticks))
@@ -251,9 +340,14 @@ def plot_block_size_sweep(curves: Mapping[str, pd.DataFrame], path: Path, block_
     return _paths(path, formats)
 
 
-def plot_swap_vs_recompute(curves: Mapping[str, pd.DataFrame], path: Path, x_col: str | None = None,
-                           x_label: str = "", title: str = "Swap vs recompute",
-                           formats: Sequence[str] = ("png", "svg")) -> list[Path]:
+def plot_swap_vs_recompute(
+    curves: Mapping[str, pd.DataFrame],
+    path: Path,
+    x_col: str | None = None,
+    x_label: str = "",
+    title: str = "Swap vs recompute",
+    formats: Sequence[str] = ("png", "svg"),
+) -> list[Path]:
     """Preemption by swapping vs by recomputation (the vLLM paper's Fig. 19).
 
     Left: normalized latency (s/token); right: time the engine spent on preemption
@@ -272,7 +366,13 @@ def plot_swap_vs_recompute(curves: Mapping[str, pd.DataFrame], path: Path, x_col
             bars = ax_l.bar(names, np.nan_to_num(lat), color=colors)
             ax_l.bar_label(bars, labels=[f"{v:.3g}" for v in lat], fontsize=8, padding=2)
             ax_r.bar(names, np.nan_to_num(swap), color="#56B4E9", label="swap transfers")
-            ax_r.bar(names, np.nan_to_num(rec), bottom=np.nan_to_num(swap), color="#E69F00", label="recomputation")
+            ax_r.bar(
+                names,
+                np.nan_to_num(rec),
+                bottom=np.nan_to_num(swap),
+                color="#E69F00",
+                label="recomputation",
+            )
             ax_r.legend(loc="upper right")
             for ax in (ax_l, ax_r):
                 ax.grid(axis="x", visible=False)
@@ -283,7 +383,15 @@ def plot_swap_vs_recompute(curves: Mapping[str, pd.DataFrame], path: Path, x_col
                 x = df[x_col].to_numpy(float)
                 ticks.update(x.tolist())
                 c, m = system_color(i), MARKERS[i % len(MARKERS)]
-                ax_l.plot(x, df["normalized_latency_s_per_token"], marker=m, ms=4, lw=1.8, color=c, label=n)
+                ax_l.plot(
+                    x,
+                    df["normalized_latency_s_per_token"],
+                    marker=m,
+                    ms=4,
+                    lw=1.8,
+                    color=c,
+                    label=n,
+                )
                 overhead = df.get("swap_time_s", 0.0) + df.get("recompute_time_s", 0.0)
                 ax_r.plot(x, np.asarray(overhead, float), marker=m, ms=4, lw=1.8, color=c, label=n)
             for ax in (ax_l, ax_r):

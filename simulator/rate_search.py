@@ -50,7 +50,9 @@ class SustainabilityCriterion:
         bounds = (self.max_normalized_latency, self.max_p99_ttft_ms, self.max_p99_tpot_ms)
         if all(b is None for b in bounds):
             raise ValueError("a sustainability criterion needs at least one bound")
-        for name, b in zip(("max_normalized_latency", "max_p99_ttft_ms", "max_p99_tpot_ms"), bounds):
+        for name, b in zip(
+            ("max_normalized_latency", "max_p99_ttft_ms", "max_p99_tpot_ms"), bounds
+        ):
             if b is not None and not (isinstance(b, (int, float)) and math.isfinite(b) and b > 0):
                 raise ValueError(f"{name} must be a number > 0 (got {b!r})")
 
@@ -191,8 +193,9 @@ class RateBisection:
         return RateSearchResult(good, "ok", (good, bad), pts)
 
 
-def find_sustainable_rate(is_sustainable: Callable[[float], bool], lo: float, hi: float,
-                          tolerance: float | None = None) -> RateSearchResult:
+def find_sustainable_rate(
+    is_sustainable: Callable[[float], bool], lo: float, hi: float, tolerance: float | None = None
+) -> RateSearchResult:
     """The highest rate in ``[lo, hi]`` (to ``tolerance``) for which ``is_sustainable`` holds,
     assuming it holds below some rate and fails above it."""
     search = RateBisection(lo, hi, tolerance)
@@ -220,10 +223,15 @@ class RateSearchSpec:
         return RateBisection(self.lo, self.hi, self.tolerance)
 
     def as_dict(self) -> dict:
-        return {"key": self.key, "lo": self.lo, "hi": self.hi, "tolerance": self.bisection().tolerance,
-                "max_normalized_latency": self.criterion.max_normalized_latency,
-                "max_p99_ttft_ms": self.criterion.max_p99_ttft_ms,
-                "max_p99_tpot_ms": self.criterion.max_p99_tpot_ms}
+        return {
+            "key": self.key,
+            "lo": self.lo,
+            "hi": self.hi,
+            "tolerance": self.bisection().tolerance,
+            "max_normalized_latency": self.criterion.max_normalized_latency,
+            "max_p99_ttft_ms": self.criterion.max_p99_ttft_ms,
+            "max_p99_tpot_ms": self.criterion.max_p99_tpot_ms,
+        }
 
 
 __all__ = [

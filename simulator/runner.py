@@ -116,7 +116,8 @@ def run_experiment(cfg: ExperimentConfig, base_dir: Path = Path("."),
     for r in sim.replicas:
         itl.merge(r.scheduler.itl)
     capacity = sim.replicas[0].scheduler.alloc.capacity
-    summary = summarize(req_df, steps, itl, capacity, cfg.metrics.slo_ttft_ms, cfg.metrics.slo_tpot_ms)
+    summary = summarize(req_df, steps, itl, capacity, cfg.metrics.slo_ttft_ms, cfg.metrics.slo_tpot_ms,
+                        cfg.metrics.measurement_window)
     summary["kv_capacity_slots"] = capacity
     summary.update(allocator_stats([r.scheduler.alloc for r in sim.replicas], cfg.model.spec.kv_bytes_per_token,
                                    summary))

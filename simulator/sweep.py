@@ -81,9 +81,26 @@ from simulator.executors import Executor, RunFn, RunJob, RunOutcome, execute_run
 from simulator.rate_search import RateBisection, RateSearchSpec, SustainabilityCriterion
 from simulator.results import config_hash, write_run
 
-SWEEP_KEYS = ("name", "description", "base", "base_config", "output_dir", "set", "grid", "zip", "find_rate")
-FIND_RATE_KEYS = ("key", "lo", "hi", "tolerance", "max_normalized_latency", "max_p99_ttft_ms",
-                  "max_p99_tpot_ms")
+SWEEP_KEYS = (
+    "name",
+    "description",
+    "base",
+    "base_config",
+    "output_dir",
+    "set",
+    "grid",
+    "zip",
+    "find_rate",
+)
+FIND_RATE_KEYS = (
+    "key",
+    "lo",
+    "hi",
+    "tolerance",
+    "max_normalized_latency",
+    "max_p99_ttft_ms",
+    "max_p99_tpot_ms",
+)
 LABEL = "label"  # the axis that names systems; not a config key
 RATE_KEY_GENERATED = "workload.arrivals.rate"
 RATE_KEY_TRACE = "workload.rate_scale"
@@ -95,12 +112,13 @@ class SweepError(ValueError):
 
 # --- the sweep file ------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class SweepSpec:
     """A parsed sweep: a base config (raw dict) and the overrides to vary.
 
-    ``where`` maps a dotted key (``("grid", key, i)`` for axis values) to where it was
-    written - ``file:line``, ``--grid`` - so errors point at the value a user wrote.
+    ``where`` maps ``("set", key)`` and ``("grid" | "zip", key, value index)`` to where the
+    value was written - ``file:line``, ``--grid KEY`` - so errors point at what a user wrote.
     """
 
     name: str
@@ -172,35 +190,50 @@ def _mapping(value: Any, where: str, key: str) -> dict:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise SweepError(f"{where}: {key}: must be a mapping of dotted keys (got {type(value).__name__})")
+        raise SweepError(
+            f"{where}: {key}: must be a mapping of dotted keys (got {type(value).__name__})"
+        )
     return value
 
 
 def _parse_find_rate(raw: dict, where, base: dict, set_keys: Iterable[str]) -> RateSearchSpec:
     unknown = [k for k in raw if k not in FIND_RATE_KEYS]
     if unknown:
-        raise SweepError(f"{where(('find_rate', unknown[0]))}: find_rate.{unknown[0]}: unknown key; "
-                         f"allowed: {', '.join(FIND_RATE_KEYS)}")
+        raise SweepError(
+            f"{where(('find_rate', unknown[0]))}: find_rate.{unknown[0]}: unknown key; "
+            f"allowed: {', '.join(FIND_RATE_KEYS)}"
+        )
     for k in ("lo", "hi"):
         if k not in raw:
             raise SweepError(f"{where(('find_rate',))}: find_rate.{k}: required (a rate > 0)")
     workload = base.get("workload") if isinstance(base.get("workload"), dict) else {}
     is_trace = "trace" in workload or any(k.startswith("workload.trace") for k in set_keys)
     key = raw.get("key") or (RATE_KEY_TRACE if is_trace else RATE_KEY_GENERATED)
-    bounds = {k: raw.get(k) for k in ("max_normalized_latency", "max_p99_ttft_ms", "max_p99_tpot_ms")}
+    bounds = {
+        k: raw.get(k) for k in ("max_normalized_latency", "max_p99_ttft_ms", "max_p99_tpot_ms")
+    }
     if "max_normalized_latency" not in raw:
         bounds.pop("max_normalized_latency")  # keep the default
     try:
-        spec = RateSearchSpec(key, raw["lo"], raw["hi"], raw.get("tolerance"), SustainabilityCriterion(**bounds))
+        spec = RateSearchSpec(
+            key, raw["lo"], raw["hi"], raw.get("tolerance"), SustainabilityCriterion(**bounds)
+        )
         spec.bisection()  # validates lo, hi, tolerance
     except (TypeError, ValueError) as e:
         raise SweepError(f"{where(('find_rate',))}: find_rate: {e}") from None
     return spec
 
 
-def load_sweep(path: str | Path, *, grid: Sequence[str] = (), zip_axes: Sequence[str] = (),
-               set_: Sequence[str] = (), name: str | None = None, output_dir: str | None = None,
-               find_rate: dict | None = None) -> SweepSpec:
+def load_sweep(
+    path: str | Path,
+    *,
+    grid: Sequence[str] = (),
+    zip_axes: Sequence[str] = (),
+    set_: Sequence[str] = (),
+    name: str | None = None,
+    output_dir: str | None = None,
+    find_rate: dict | None = None,
+) -> SweepSpec:
     """Read a sweep file (or an experiment config to sweep from the command line).
 
     ``grid``/``zip_axes``: ``KEY=V1,V2`` texts added to (or replacing) the file's axes;
@@ -227,9 +260,15 @@ def load_sweep(path: str | Path, *, grid: Sequence[str] = (), zip_axes: Sequence
     if is_sweep_file:
         unknown = [k for k in raw if k not in SWEEP_KEYS]
         if unknown:
-            raise SweepError(f"{where((unknown[0],))}: {unknown[0]}: unknown key; allowed: {', '.join(SWEEP_KEYS)}")
+            raise SweepError(
+                f"{where((unknown[0],))}: {unknown[0]}: unknown key; "
+                f"allowed: {', '.join(SWEEP_KEYS)}"
+            )
         if "base" in raw and "base_config" in raw:
-            raise SweepError(f"{where(('base_config',))}: give base (a path) or base_config (a mapping), not both")
+            raise SweepError(
+                f"{where(('base_config',))}: give base (a path) or base_config (a mapping), "
+                "not both"
+            )
         if "base" in raw:
             if not isinstance(raw["base"], str):
                 raise SweepError(f"{where(('base',))}: base: must be a path to an experiment YAML")
@@ -239,7 +278,9 @@ def load_sweep(path: str | Path, *, grid: Sequence[str] = (), zip_axes: Sequence
         else:
             base = raw["base_config"]
             base_source, base_dir = str(path), path.parent
-            base_lines = {k[1:]: v for k, v in lines.items() if k[:1] == ("base_config",) and len(k) > 1}
+            base_lines = {
+                k[1:]: v for k, v in lines.items() if k[:1] == ("base_config",) and len(k) > 1
+            }
         if base is None:
             base = {}
         if not isinstance(base, dict):
@@ -272,7 +313,9 @@ def load_sweep(path: str | Path, *, grid: Sequence[str] = (), zip_axes: Sequence
         for key, values in raw_axes.items():
             key = str(key)
             if not isinstance(values, list) or not values:
-                raise SweepError(f"{where((section, key))}: {section}.{key}: must be a non-empty list of values")
+                raise SweepError(
+                    f"{where((section, key))}: {section}.{key}: must be a non-empty list of values"
+                )
             axes[section][key] = tuple(values)
             for i in range(len(values)):
                 where_map[(section, key, i)] = where((section, key, i))
@@ -285,13 +328,19 @@ def load_sweep(path: str | Path, *, grid: Sequence[str] = (), zip_axes: Sequence
     lengths = {len(v) for v in zipped.values()}
     if len(lengths) > 1:
         sizes = ", ".join(f"{k}: {len(v)}" for k, v in zipped.items())
-        raise SweepError(f"{where(('zip',))}: zip: every axis needs the same number of values ({sizes})")
+        raise SweepError(
+            f"{where(('zip',))}: zip: every axis needs the same number of values ({sizes})"
+        )
     both = set(grid_axes) & set(zipped)
     if both:
-        raise SweepError(f"{where(('zip', min(both)))}: {min(both)}: in both grid and zip; keep one")
+        raise SweepError(
+            f"{where(('zip', min(both)))}: {min(both)}: in both grid and zip; keep one"
+        )
     for key in set_values:
         if key in grid_axes or key in zipped:
-            raise SweepError(f"{where(('set', key))}: {key}: both set for every run and varied; keep one")
+            raise SweepError(
+                f"{where(('set', key))}: {key}: both set for every run and varied; keep one"
+            )
     if LABEL in set_values:
         raise SweepError(f"{where(('set', LABEL))}: label: names systems; put it in grid or zip")
 
@@ -300,15 +349,34 @@ def load_sweep(path: str | Path, *, grid: Sequence[str] = (), zip_axes: Sequence
         merged = {**rate_raw, **(find_rate or {})}
         rate_spec = _parse_find_rate(merged, where, base, set_values)
         if rate_spec.key in grid_axes or rate_spec.key in zipped or rate_spec.key in set_values:
-            raise SweepError(f"{where(('find_rate',))}: find_rate searches {rate_spec.key}; "
-                             "remove it from set, grid and zip")
-    out = output_dir or (raw.get("output_dir") if is_sweep_file else None) or base.get("output_dir") or "results"
-    return SweepSpec(name=str(name or sweep_name), source=str(path), base=base, base_source=base_source,
-                     base_lines=base_lines, base_dir=base_dir, output_dir=str(out), set=set_values,
-                     grid=grid_axes, zip=zipped, find_rate=rate_spec, where=where_map)
+            raise SweepError(
+                f"{where(('find_rate',))}: find_rate searches {rate_spec.key}; "
+                "remove it from set, grid and zip"
+            )
+    out = (
+        output_dir
+        or (raw.get("output_dir") if is_sweep_file else None)
+        or base.get("output_dir")
+        or "results"
+    )
+    return SweepSpec(
+        name=str(name or sweep_name),
+        source=str(path),
+        base=base,
+        base_source=base_source,
+        base_lines=base_lines,
+        base_dir=base_dir,
+        output_dir=str(out),
+        set=set_values,
+        grid=grid_axes,
+        zip=zipped,
+        find_rate=rate_spec,
+        where=where_map,
+    )
 
 
 # --- grid points ---------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class SweepPoint:
@@ -317,6 +385,7 @@ class SweepPoint:
     index: int
     params: dict  # axis key -> value (``label`` included when given)
     label: str
+    positions: dict = field(default_factory=dict)  # axis key -> index of its value on the axis
 
 
 def _short(key: str, keys: Sequence[str]) -> str:
@@ -340,29 +409,29 @@ def expand_points(spec: SweepSpec) -> list[SweepPoint]:
     """The cartesian product of the grid axes with the zip rows (innermost), in order."""
     grid_keys = list(spec.grid)
     zip_keys = list(spec.zip)
-    zip_rows = list(zip(*(spec.zip[k] for k in zip_keys))) if zip_keys else [()]
+    zip_len = len(next(iter(spec.zip.values()))) if zip_keys else 1
+    grid_ranges = [range(len(spec.grid[k])) for k in grid_keys]
     points = []
-    for i, (values, row) in enumerate(itertools.product(
-            itertools.product(*(spec.grid[k] for k in grid_keys)), zip_rows)):
-        params = dict(zip(grid_keys, values)) | dict(zip(zip_keys, row))
-        points.append(SweepPoint(i, params, system_label(params, spec.name)))
+    for i, (grid_at, row) in enumerate(
+        itertools.product(itertools.product(*grid_ranges), range(zip_len))
+    ):
+        positions = dict(zip(grid_keys, grid_at)) | {k: row for k in zip_keys}
+        params = {k: spec.grid[k][j] for k, j in zip(grid_keys, grid_at)}
+        params |= {k: spec.zip[k][row] for k in zip_keys}
+        points.append(SweepPoint(i, params, system_label(params, spec.name), positions))
     return points
 
 
-def _value_index(spec: SweepSpec, section: str, key: str, value: Any) -> int:
-    values = spec.grid[key] if section == "grid" else spec.zip[key]
-    for i, v in enumerate(values):
-        if v == value and type(v) is type(value):
-            return i
-    return 0
-
-
-def resolve_config(spec: SweepSpec, point: SweepPoint, rate: float | None = None) -> ExperimentConfig:
+def resolve_config(
+    spec: SweepSpec, point: SweepPoint, rate: float | None = None
+) -> ExperimentConfig:
     """The point's config: base, ``set``, axis values (and the searched rate), validated."""
     return resolve_raw(spec, point, rate)[0]
 
 
-def resolve_raw(spec: SweepSpec, point: SweepPoint, rate: float | None = None) -> tuple[ExperimentConfig, dict]:
+def resolve_raw(
+    spec: SweepSpec, point: SweepPoint, rate: float | None = None
+) -> tuple[ExperimentConfig, dict]:
     """The point's validated config and the raw mapping it was validated from.
 
     Workers get the raw mapping: validating it again gives the same config, whereas a
@@ -377,7 +446,7 @@ def resolve_raw(spec: SweepSpec, point: SweepPoint, rate: float | None = None) -
             continue
         section = "grid" if key in spec.grid else "zip"
         texts.append(f"{key}={_yaml_text(value)}")
-        origin[key] = spec.where.get((section, key, _value_index(spec, section, key, value)), spec.source)
+        origin[key] = spec.where.get((section, key, point.positions.get(key, 0)), spec.source)
     if rate is not None and spec.find_rate is not None:
         texts.append(f"{spec.find_rate.key}={_yaml_text(rate)}")
         origin[spec.find_rate.key] = f"find_rate ({spec.find_rate.key}={rate:g})"
@@ -386,7 +455,9 @@ def resolve_raw(spec: SweepSpec, point: SweepPoint, rate: float | None = None) -
     try:
         cfg = validate_config(raw, source=spec.base_source, lines=spec.base_lines, overrides=texts)
     except ConfigError as e:
-        raise SweepError(f"run {point.index} [{point.label}]: {_relocate(str(e), origin)}") from None
+        raise SweepError(
+            f"run {point.index} [{point.label}]: {_relocate(str(e), origin)}"
+        ) from None
     return cfg, raw  # validate_config applied the overrides to `raw`
 
 
@@ -397,7 +468,9 @@ def _relocate(message: str, origin: dict[str, str]) -> str:
         if line.startswith("--set"):
             rest = line.removeprefix("--set").lstrip(": ")
             key = rest.split(":", 1)[0].split("=", 1)[0].strip()
-            best = max((k for k in origin if key == k or key.startswith(k + ".")), key=len, default=None)
+            best = max(
+                (k for k in origin if key == k or key.startswith(k + ".")), key=len, default=None
+            )
             if best is not None:
                 line = f"{origin[best]}: {rest}"
         out.append(line)
@@ -416,12 +489,20 @@ def validate_points(spec: SweepSpec, points: Sequence[SweepPoint], max_errors: i
                 errors.append(str(e))
                 break
     if errors:
-        more = f"\n(and {len(errors) - max_errors} more invalid runs)" if len(errors) > max_errors else ""
-        raise SweepError(f"{spec.source}: {len(errors)} of {len(points)} runs are invalid; nothing was run:\n"
-                         + "\n".join(errors[:max_errors]) + more)
+        more = (
+            f"\n(and {len(errors) - max_errors} more invalid runs)"
+            if len(errors) > max_errors
+            else ""
+        )
+        raise SweepError(
+            f"{spec.source}: {len(errors)} of {len(points)} runs are invalid; nothing was run:\n"
+            + "\n".join(errors[:max_errors])
+            + more
+        )
 
 
 # --- run folders ---------------------------------------------------------------------------
+
 
 def run_status(run_dir: Path) -> str | None:
     """``ok`` (summary.json), ``failed`` (error.txt) or None (not run, or interrupted)."""
@@ -461,6 +542,7 @@ def read_error(run_dir: Path) -> str:
 
 # --- the table -----------------------------------------------------------------------------
 
+
 def _cell(value: Any) -> Any:
     """A parameter as a table cell: scalars as they are, lists and mappings as JSON."""
     if value is None or isinstance(value, (bool, int, float, str)):
@@ -471,7 +553,9 @@ def _cell(value: Any) -> Any:
 def _uniform_columns(df: pd.DataFrame, columns: Iterable[str]) -> pd.DataFrame:
     """Parquet needs one type per column: mixed parameter columns become text."""
     for c in columns:
-        kinds = {type(v) for v in df[c] if v is not None and not (isinstance(v, float) and math.isnan(v))}
+        kinds = {
+            type(v) for v in df[c] if v is not None and not (isinstance(v, float) and math.isnan(v))
+        }
         if len(kinds) > 1 and not kinds <= {int, float}:
             df[c] = [None if v is None else _fmt(v) for v in df[c]]
     return df
@@ -502,10 +586,19 @@ def build_table(spec: SweepSpec, rows: Sequence[TableRow]) -> pd.DataFrame:
     for i, row in enumerate(rows):
         run_dir = spec.dir / "runs" / row.run_id
         status = run_status(run_dir) or "pending"
-        rec = {"run": i, "run_id": row.run_id, "system": row.point.label, "status": status,
-               "error": read_error(run_dir) if status == "failed" else None}
+        rec = {
+            "run": i,
+            "run_id": row.run_id,
+            "system": row.point.label,
+            "status": status,
+            "error": read_error(run_dir) if status == "failed" else None,
+        }
         for key in param_keys:
-            rec[key] = _cell(row.rate if spec.find_rate and key == spec.find_rate.key else row.point.params.get(key))
+            rec[key] = _cell(
+                row.rate
+                if spec.find_rate and key == spec.find_rate.key
+                else row.point.params.get(key)
+            )
         if status == "ok":
             summary = json.loads((run_dir / "summary.json").read_text())
             for k, v in summary.items():
@@ -553,6 +646,7 @@ def write_metadata(spec: SweepSpec) -> Path:
 
 # --- running -------------------------------------------------------------------------------
 
+
 @dataclass
 class SweepResult:
     """What a sweep did: its folder, its tables, and how many runs ran, were reused, failed."""
@@ -584,10 +678,16 @@ class _Progress:
 
             console = Console(stderr=True)
             if console.is_terminal:
-                self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                    TextColumn("runs, [red]{task.fields[failed]} failed[/red]"),
-                                    TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
-                                    console=console)
+                self.bar = Progress(
+                    TextColumn("[bold]{task.description}"),
+                    BarColumn(),
+                    MofNCompleteColumn(),
+                    TextColumn("runs, [red]{task.fields[failed]} failed[/red]"),
+                    TimeElapsedColumn(),
+                    TextColumn("ETA"),
+                    TimeRemainingColumn(),
+                    console=console,
+                )
                 self.task = self.bar.add_task(name, total=None, failed=0)
         self.failed = 0
 
@@ -605,9 +705,17 @@ class _Progress:
             self.bar.update(self.task, total=total, completed=done, failed=failed)
 
 
-def run_sweep(spec: SweepSpec, executor: str | Executor = "local", *, workers: int | None = None,
-              address: str | None = None, retry_failed: bool = False, plot_runs: bool = False,
-              progress: bool = False, run_fn: RunFn = execute_run) -> SweepResult:
+def run_sweep(
+    spec: SweepSpec,
+    executor: str | Executor = "local",
+    *,
+    workers: int | None = None,
+    address: str | None = None,
+    retry_failed: bool = False,
+    plot_runs: bool = False,
+    progress: bool = False,
+    run_fn: RunFn = execute_run,
+) -> SweepResult:
     """Run every point of ``spec`` not already done; write the tables; return them.
 
     ``executor``: ``local`` (process pool of ``workers``, default one per core;
@@ -727,15 +835,21 @@ def _record(job: RunJob, outcome: RunOutcome) -> None:
 
 
 def _finish(spec, points, rows, searches, search_failed):
-    ordered = sorted(rows.values(), key=lambda r: (r.point.index, -1.0 if r.rate is None else r.rate))
+    ordered = sorted(
+        rows.values(), key=lambda r: (r.point.index, -1.0 if r.rate is None else r.rate)
+    )
     table = build_table(spec, ordered)
     rates = rate_table(spec, points, searches, search_failed) if spec.find_rate else None
     paths = write_tables(spec, table, rates)
     return table, rates, paths
 
 
-def rate_table(spec: SweepSpec, points: Sequence[SweepPoint], searches: dict[int, RateBisection],
-               search_failed: dict[int, str]) -> pd.DataFrame:
+def rate_table(
+    spec: SweepSpec,
+    points: Sequence[SweepPoint],
+    searches: dict[int, RateBisection],
+    search_failed: dict[int, str],
+) -> pd.DataFrame:
     """One row per grid point: the sustainable rate its search found."""
     records = []
     for p in points:
@@ -749,9 +863,15 @@ def rate_table(spec: SweepSpec, points: Sequence[SweepPoint], searches: dict[int
             status, rate, bracket, error = res.status, res.rate, res.bracket, None
         else:
             status, rate, bracket, error = "pending", None, (None, None), None
-        rec |= {"search_status": status, "sustainable_rate": rate, "bracket_lo": bracket[0],
-                "bracket_hi": bracket[1], "evaluations": len(s.points), "error": error,
-                "criterion": spec.find_rate.criterion.describe()}
+        rec |= {
+            "search_status": status,
+            "sustainable_rate": rate,
+            "bracket_lo": bracket[0],
+            "bracket_hi": bracket[1],
+            "evaluations": len(s.points),
+            "error": error,
+            "criterion": spec.find_rate.criterion.describe(),
+        }
         records.append(rec)
     df = pd.DataFrame.from_records(records)
     for c in ("sustainable_rate", "bracket_lo", "bracket_hi"):

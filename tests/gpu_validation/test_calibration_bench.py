@@ -2,7 +2,9 @@
 
 import csv
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -73,3 +75,24 @@ def test_run_script_is_valid_bash():
     subprocess.run(["bash", "-n", str(script)], check=True)
     text = script.read_text()
     assert "timeout" in text and "$OUT" in text
+
+
+def test_gpu_validation_needs_no_simulator_simpy_or_pydantic():
+    """The GPU machine has torch, triton, numpy and pyyaml only."""
+    code = """
+import importlib, pkgutil, sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("simpy", "pydantic", "simulator", "pandas", "rich"):
+            raise ImportError(f"{name} must not be imported by gpu_validation")
+sys.meta_path.insert(0, Block())
+import gpu_validation
+for m in pkgutil.iter_modules(gpu_validation.__path__):
+    importlib.import_module(f"gpu_validation.{m.name}")
+print("ok")
+"""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    run = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env
+    )
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]

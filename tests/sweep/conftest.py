@@ -15,11 +15,18 @@ TINY_BASE = {
     "hardware": {"gpu": "a100-80gb", "kv_cache_gb": 2},
     "workload": {
         "arrivals": {"kind": "poisson", "rate": 8.0},
-        "lengths": {"kind": "uniform", "prompt_min": 16, "prompt_max": 256, "output_min": 16, "output_max": 256},
+        "lengths": {
+            "kind": "uniform",
+            "prompt_min": 16,
+            "prompt_max": 256,
+            "output_min": 16,
+            "output_max": 256,
+        },
         "num_requests": 40,
     },
     "allocator": {"kind": "paged", "block_size": 16},
 }
+
 
 @pytest.fixture
 def tiny_base() -> dict:
@@ -28,11 +35,15 @@ def tiny_base() -> dict:
 
 @pytest.fixture
 def write_sweep(tmp_path):
-    """Write a sweep file with an inline tiny base; returns its path. Results go to tmp_path/results."""
+    """Write a sweep file with an inline tiny base; return its path (results: tmp_path/results)."""
 
     def write(body: dict, filename: str = "sweep.yaml", base: dict | None = None) -> Path:
-        doc = {"name": "s", "base_config": copy.deepcopy(base or TINY_BASE),
-               "output_dir": str(tmp_path / "results"), **body}
+        doc = {
+            "name": "s",
+            "base_config": copy.deepcopy(base or TINY_BASE),
+            "output_dir": str(tmp_path / "results"),
+            **body,
+        }
         path = tmp_path / filename
         path.write_text(yaml.safe_dump(doc, sort_keys=False))
         return path

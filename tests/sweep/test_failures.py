@@ -29,7 +29,9 @@ def test_a_failing_run_is_recorded_and_the_others_complete(write_sweep, tiny_bas
     assert list(t["status"]) == ["ok", "failed", "ok"]
     assert result.failed == 1
     bad = t.iloc[1]
-    assert bad["error"].startswith("FileNotFoundError:") and "kvsim-missing-trace.csv" in bad["error"]
+    assert (
+        bad["error"].startswith("FileNotFoundError:") and "kvsim-missing-trace.csv" in bad["error"]
+    )
     run_dir = spec.dir / "runs" / bad["run_id"]
     assert (run_dir / "error.txt").read_text().splitlines()[0] == bad["error"]
     assert not (run_dir / "summary.json").exists()
@@ -46,7 +48,11 @@ def test_failures_are_retried_only_when_asked(write_sweep, tiny_base):
         return execute_run(job)
 
     again = run_sweep(spec, InProcessExecutor(counting))
-    assert calls == [] and again.executed == 0 and list(again.table["status"]) == ["ok", "failed", "ok"]
+    assert (
+        calls == []
+        and again.executed == 0
+        and list(again.table["status"]) == ["ok", "failed", "ok"]
+    )
     retried = run_sweep(spec, InProcessExecutor(counting), retry_failed=True)
     assert calls == ["bad"] and retried.executed == 1 and retried.failed == 1
 
@@ -61,8 +67,12 @@ def test_cli_reports_failures_with_exit_status_1(write_sweep, tiny_base, capsys)
 def test_a_worker_process_that_dies_fails_only_its_run(write_sweep, tiny_base, tmp_path):
     rates = [1.0, 3.0, 5.0, 7.0]
     path = write_sweep({"grid": {"workload.arrivals.rate": rates}})
-    proc = subprocess.run([sys.executable, str(SCRIPT), str(path), str(tmp_path), "crash"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), str(path), str(tmp_path), "crash"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "executed=4 failed=1" in proc.stdout
     import pandas as pd

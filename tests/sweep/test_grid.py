@@ -20,30 +20,53 @@ from simulator.sweep import (
 
 
 def test_points_are_the_grid_product_times_the_zip_rows_last_axis_fastest(write_sweep):
-    path = write_sweep({
-        "grid": {"allocator.block_size": [8, 16], "scheduler.max_num_seqs": [4, 64, 256]},
-        "zip": {"label": ["vLLM", "Orca-Max"], "allocator.kind": ["paged", "contiguous"],
-                "allocator.preset": [None, "orca-max"]},
-    })
+    path = write_sweep(
+        {
+            "grid": {"allocator.block_size": [8, 16], "scheduler.max_num_seqs": [4, 64, 256]},
+            "zip": {
+                "label": ["vLLM", "Orca-Max"],
+                "allocator.kind": ["paged", "contiguous"],
+                "allocator.preset": [None, "orca-max"],
+            },
+        }
+    )
     points = expand_points(load_sweep(path))
-    expected = [(b, m, z) for b, m, z in itertools.product(
-        [8, 16], [4, 64, 256], [("vLLM", "paged", None), ("Orca-Max", "contiguous", "orca-max")])]
-    got = [(p.params["allocator.block_size"], p.params["scheduler.max_num_seqs"],
-            (p.params["label"], p.params["allocator.kind"], p.params["allocator.preset"])) for p in points]
+    expected = [
+        (b, m, z)
+        for b, m, z in itertools.product(
+            [8, 16], [4, 64, 256], [("vLLM", "paged", None), ("Orca-Max", "contiguous", "orca-max")]
+        )
+    ]
+    got = [
+        (
+            p.params["allocator.block_size"],
+            p.params["scheduler.max_num_seqs"],
+            (p.params["label"], p.params["allocator.kind"], p.params["allocator.preset"]),
+        )
+        for p in points
+    ]
     assert got == expected
     assert [p.index for p in points] == list(range(12))
     assert [p.label for p in points[:2]] == ["vLLM", "Orca-Max"]
 
 
 def test_without_label_the_system_is_named_by_the_varied_values(write_sweep):
-    path = write_sweep({"grid": {"allocator.block_size": [8], "preemption.mode": ["swap", "recompute"]}})
+    path = write_sweep(
+        {"grid": {"allocator.block_size": [8], "preemption.mode": ["swap", "recompute"]}}
+    )
     assert [p.label for p in expand_points(load_sweep(path))] == [
-        "block_size=8, mode=swap", "block_size=8, mode=recompute"]
+        "block_size=8, mode=swap",
+        "block_size=8, mode=recompute",
+    ]
 
 
 def test_each_config_is_the_base_with_set_then_axis_values(write_sweep):
-    path = write_sweep({"set": {"workload.num_requests": 25, "scheduler.max_num_seqs": 7},
-                        "grid": {"allocator.block_size": [32, 64]}})
+    path = write_sweep(
+        {
+            "set": {"workload.num_requests": 25, "scheduler.max_num_seqs": 7},
+            "grid": {"allocator.block_size": [32, 64]},
+        }
+    )
     spec = load_sweep(path)
     cfgs = [resolve_config(spec, p) for p in expand_points(spec)]
     assert [c.allocator.block_size for c in cfgs] == [32, 64]
@@ -51,19 +74,24 @@ def test_each_config_is_the_base_with_set_then_axis_values(write_sweep):
     assert all(c.workload.arrivals.rate == 8.0 for c in cfgs)  # untouched base value
 
 
-@pytest.mark.parametrize("text, key, values", [
-    ("allocator.block_size=1,2,4", "allocator.block_size", (1, 2, 4)),
-    ("allocator.block_size=[8, 16]", "allocator.block_size", (8, 16)),
-    ("allocator.preset=null,orca-max", "allocator.preset", (None, "orca-max")),
-    ("workload.arrivals.rate=0.5", "workload.arrivals.rate", (0.5,)),
-])
+@pytest.mark.parametrize(
+    "text, key, values",
+    [
+        ("allocator.block_size=1,2,4", "allocator.block_size", (1, 2, 4)),
+        ("allocator.block_size=[8, 16]", "allocator.block_size", (8, 16)),
+        ("allocator.preset=null,orca-max", "allocator.preset", (None, "orca-max")),
+        ("workload.arrivals.rate=0.5", "workload.arrivals.rate", (0.5,)),
+    ],
+)
 def test_command_line_axes_parse_as_yaml_values(text, key, values):
     assert parse_axis(text) == (key, values)
 
 
 def test_an_invalid_value_names_the_sweep_file_line_and_nothing_runs(write_sweep, tmp_path):
     path = write_sweep({"grid": {"allocator.block_size": [16, 3]}})
-    line = next(i for i, text in enumerate(path.read_text().splitlines(), 1) if text.strip() == "- 3")
+    line = next(
+        i for i, text in enumerate(path.read_text().splitlines(), 1) if text.strip() == "- 3"
+    )
     with pytest.raises(SweepError) as err:
         run_sweep(load_sweep(path), workers=1)
     msg = str(err.value)
@@ -72,15 +100,26 @@ def test_an_invalid_value_names_the_sweep_file_line_and_nothing_runs(write_sweep
     assert not (tmp_path / "results").exists()
 
 
-@pytest.mark.parametrize("body, needle", [
-    ({"zip": {"allocator.kind": ["paged", "contiguous"], "allocator.preset": [None]}},
-     "every axis needs the same number of values"),
-    ({"grids": {"allocator.block_size": [8]}}, "grids: unknown key; allowed: name"),
-    ({"grid": {"allocator.block_size": 8}}, "grid.allocator.block_size: must be a non-empty list"),
-    ({"set": {"allocator.block_size": 8}, "grid": {"allocator.block_size": [8, 16]}}, "both set for every run"),
-    ({"grid": {"allocator.block_sise": [8]}}, "allocator.block_sise: unknown key"),
-    ({"find_rate": {"lo": 4, "hi": 2}}, "find_rate: lo (4) must be below hi (2)"),
-])
+@pytest.mark.parametrize(
+    "body, needle",
+    [
+        (
+            {"zip": {"allocator.kind": ["paged", "contiguous"], "allocator.preset": [None]}},
+            "every axis needs the same number of values",
+        ),
+        ({"grids": {"allocator.block_size": [8]}}, "grids: unknown key; allowed: name"),
+        (
+            {"grid": {"allocator.block_size": 8}},
+            "grid.allocator.block_size: must be a non-empty list",
+        ),
+        (
+            {"set": {"allocator.block_size": 8}, "grid": {"allocator.block_size": [8, 16]}},
+            "both set for every run",
+        ),
+        ({"grid": {"allocator.block_sise": [8]}}, "allocator.block_sise: unknown key"),
+        ({"find_rate": {"lo": 4, "hi": 2}}, "find_rate: lo (4) must be below hi (2)"),
+    ],
+)
 def test_bad_sweep_files_fail_with_one_clear_message(write_sweep, body, needle):
     path = write_sweep(body)
     with pytest.raises(SweepError, match=None) as err:
@@ -109,8 +148,21 @@ def test_points_that_resolve_to_the_same_config_run_once(write_sweep):
 def test_cli_sweeps_a_plain_config_and_each_row_matches_a_direct_run(tmp_path, tiny_base, capsys):
     cfg_path = tmp_path / "tiny.yaml"
     cfg_path.write_text(yaml.safe_dump(tiny_base))
-    rc = main(["sweep", str(cfg_path), "--grid", "allocator.block_size=8,32", "--set", "seed=3",
-               "--workers", "1", "--no-progress", "--out", str(tmp_path / "out")])
+    rc = main(
+        [
+            "sweep",
+            str(cfg_path),
+            "--grid",
+            "allocator.block_size=8,32",
+            "--set",
+            "seed=3",
+            "--workers",
+            "1",
+            "--no-progress",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
     assert rc == 0
     import pandas as pd
 
@@ -132,3 +184,13 @@ def test_dry_run_validates_and_lists_points_without_running(write_sweep, tmp_pat
     out = capsys.readouterr().out
     assert "3 runs, all valid" in out and "block_size=32" in out
     assert not (tmp_path / "results" / "s" / "runs").exists()
+
+
+def test_errors_in_zipped_axes_point_at_each_runs_own_value(write_sweep):
+    path = write_sweep({"zip": {"label": ["a", "b"], "allocator.block_size": [3, 3]}})
+    lines = [i for i, text in enumerate(path.read_text().splitlines(), 1) if text.strip() == "- 3"]
+    with pytest.raises(SweepError) as err:
+        run_sweep(load_sweep(path), workers=1)
+    msg = str(err.value)
+    assert f"run 0 [a]: {path}:{lines[0]}: allocator.block_size" in msg
+    assert f"run 1 [b]: {path}:{lines[1]}: allocator.block_size" in msg

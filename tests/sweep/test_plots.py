@@ -22,12 +22,19 @@ def _assert_figures(paths, stems):
 
 def test_block_size_and_preemption_sweep_gets_its_figures(write_sweep, tiny_base):
     tiny_base["hardware"]["kv_cache_gb"] = 0.5  # tight memory: preemptions happen
-    path = write_sweep({"grid": {"allocator.block_size": [8, 32]}, "zip": {"preemption.mode": ["swap", "recompute"]}},
-                       base=tiny_base)
+    path = write_sweep(
+        {
+            "grid": {"allocator.block_size": [8, 32]},
+            "zip": {"preemption.mode": ["swap", "recompute"]},
+        },
+        base=tiny_base,
+    )
     result = run_sweep(load_sweep(path), workers=1)
     assert (result.table["num_preemptions"] > 0).all()
     paths = plot_results(result.dir)
-    _assert_figures(paths, ["memory_breakdown", "batched_requests", "block_size", "swap_vs_recompute"])
+    _assert_figures(
+        paths, ["memory_breakdown", "batched_requests", "block_size", "swap_vs_recompute"]
+    )
     assert all(p.parent == result.dir / "plots" for p in paths)
     svg = (result.dir / "plots" / "block_size.svg").read_text()
     assert "block size (tokens)" in svg and "internal fragmentation (% of KV cache)" in svg
@@ -35,8 +42,12 @@ def test_block_size_and_preemption_sweep_gets_its_figures(write_sweep, tiny_base
 
 
 def test_rate_search_sweep_marks_each_systems_sustainable_rate(write_sweep, tiny_base, capsys):
-    path = write_sweep({"zip": {"label": ["small-blocks", "huge-blocks"], "allocator.block_size": [16, 256]},
-                        "find_rate": {"lo": 1.0, "hi": 64.0, "tolerance": 4.0, "max_normalized_latency": 0.03}})
+    path = write_sweep(
+        {
+            "zip": {"label": ["small-blocks", "huge-blocks"], "allocator.block_size": [16, 256]},
+            "find_rate": {"lo": 1.0, "hi": 64.0, "tolerance": 4.0, "max_normalized_latency": 0.03},
+        }
+    )
     result = run_sweep(load_sweep(path), workers=1)
     assert main(["plot", str(result.dir)]) == 0
     printed = capsys.readouterr().out.split()
@@ -62,21 +73,37 @@ def test_plotting_a_folder_without_results_is_one_line_and_exit_2(tmp_path, caps
     assert err.count("\n") == 1 and "neither a sweep folder" in err
 
 
-@pytest.mark.parametrize("latencies, expected", [
-    ([0.01, 0.02, 0.05, 0.2, 0.5], 4.0),
-    ([0.01, 0.2, 0.05, 0.2, 0.5], 1.0),  # the first failure ends the sustainable range
-    ([0.5, 0.6, 0.7, 0.8, 0.9], None),
-    ([0.01, 0.01, 0.01, 0.01, 0.01], 16.0),
-])
+@pytest.mark.parametrize(
+    "latencies, expected",
+    [
+        ([0.01, 0.02, 0.05, 0.2, 0.5], 4.0),
+        ([0.01, 0.2, 0.05, 0.2, 0.5], 1.0),  # the first failure ends the sustainable range
+        ([0.5, 0.6, 0.7, 0.8, 0.9], None),
+        ([0.01, 0.01, 0.01, 0.01, 0.01], 16.0),
+    ],
+)
 def test_sustainable_rate_from_a_rate_grid(latencies, expected):
-    df = pd.DataFrame({"rate": [8.0, 1.0, 4.0, 16.0, 2.0], "completed": 10,
-                       "normalized_latency_s_per_token": [latencies[i] for i in (3, 0, 2, 4, 1)]})
+    df = pd.DataFrame(
+        {
+            "rate": [8.0, 1.0, 4.0, 16.0, 2.0],
+            "completed": 10,
+            "normalized_latency_s_per_token": [latencies[i] for i in (3, 0, 2, 4, 1)],
+        }
+    )
     crit = SustainabilityCriterion(max_normalized_latency=0.1)
     assert sustainable_from_curve(df, "rate", crit) == expected
 
 
 def test_group_labels_combine_the_system_label_and_other_varied_values():
-    df = pd.DataFrame({"system": ["vLLM", "Orca"], "allocator.block_size": [16, 32], "preemption.mode": ["swap", "swap"]})
-    assert group_labels(df, ["allocator.block_size"], use_system=True).tolist() == ["vLLM, block_size=16",
-                                                                                    "Orca, block_size=32"]
+    df = pd.DataFrame(
+        {
+            "system": ["vLLM", "Orca"],
+            "allocator.block_size": [16, 32],
+            "preemption.mode": ["swap", "swap"],
+        }
+    )
+    assert group_labels(df, ["allocator.block_size"], use_system=True).tolist() == [
+        "vLLM, block_size=16",
+        "Orca, block_size=32",
+    ]
     assert group_labels(df, [], use_system=False, fallback="x").tolist() == ["x", "x"]

@@ -46,10 +46,14 @@ def test_state_machine_asks_for_both_ends_then_one_midpoint_at_a_time():
     s.record(4.0, True)
     assert s.wanted() == [5.0]
     s.record(5.0, True)
-    assert s.done and s.wanted() == [] and s.result().rate == 5.0 and s.result().bracket == (5.0, 6.0)
+    assert (
+        s.done and s.wanted() == [] and s.result().rate == 5.0 and s.result().bracket == (5.0, 6.0)
+    )
 
 
-@pytest.mark.parametrize("lo, hi, tol", [(0, 4, None), (4, 2, None), (1, 2, 0), (1, float("inf"), None)])
+@pytest.mark.parametrize(
+    "lo, hi, tol", [(0, 4, None), (4, 2, None), (1, 2, 0), (1, float("inf"), None)]
+)
 def test_invalid_ranges_are_refused(lo, hi, tol):
     with pytest.raises(ValueError):
         RateBisection(lo, hi, tol)
@@ -67,11 +71,17 @@ def test_criterion_needs_completed_requests_and_fails_on_nan():
         SustainabilityCriterion(max_normalized_latency=None)
 
 
-def test_search_on_a_tiny_simulation_matches_direct_runs_and_reuses_its_runs(write_sweep, tiny_base):
+def test_search_on_a_tiny_simulation_matches_direct_runs_and_reuses_its_runs(
+    write_sweep, tiny_base
+):
     tiny_base["workload"]["num_requests"] = 120
-    path = write_sweep({"zip": {"label": ["paged-16", "paged-256"], "allocator.block_size": [16, 256]},
-                        "find_rate": {"lo": 1.0, "hi": 64.0, "tolerance": 2.0, "max_normalized_latency": 0.03}},
-                       base=tiny_base)
+    path = write_sweep(
+        {
+            "zip": {"label": ["paged-16", "paged-256"], "allocator.block_size": [16, 256]},
+            "find_rate": {"lo": 1.0, "hi": 64.0, "tolerance": 2.0, "max_normalized_latency": 0.03},
+        },
+        base=tiny_base,
+    )
     spec = load_sweep(path)
     result = run_sweep(spec, workers=2)
     rates = result.rates
@@ -84,8 +94,12 @@ def test_search_on_a_tiny_simulation_matches_direct_runs_and_reuses_its_runs(wri
         assert r["bracket_hi"] - r["bracket_lo"] <= 2.0 and r["sustainable_rate"] == r["bracket_lo"]
         for rate, expect in ((r["bracket_lo"], True), (r["bracket_hi"], False)):
             raw = dict(tiny_base, allocator={"kind": "paged", "block_size": block})
-            raw["workload"] = dict(tiny_base["workload"], arrivals={"kind": "poisson", "rate": rate})
-            summary = run_experiment(validate_config(raw)).summary  # outside the sweep and its cache
+            raw["workload"] = dict(
+                tiny_base["workload"], arrivals={"kind": "poisson", "rate": rate}
+            )
+            summary = run_experiment(
+                validate_config(raw)
+            ).summary  # outside the sweep and its cache
             assert criterion.sustainable(summary) is expect
     calls = []
     again = run_sweep(spec, InProcessExecutor(lambda job: calls.append(job) or execute_run(job)))

@@ -12,15 +12,22 @@ MISSING_TRACE = {"trace": {"format": "azure", "path": "/nonexistent/kvsim-missin
 def test_ray_on_two_local_cpus_gives_the_local_executors_table(write_sweep, tiny_base):
     other = copy.deepcopy(tiny_base["workload"])
     other["arrivals"]["rate"] = 20.0
-    path = write_sweep({
-        "grid": {"allocator.block_size": [8, 32]},
-        "zip": {"label": ["a", "broken", "b"], "workload": [tiny_base["workload"], MISSING_TRACE, other]},
-    })
+    path = write_sweep(
+        {
+            "grid": {"allocator.block_size": [8, 32]},
+            "zip": {
+                "label": ["a", "broken", "b"],
+                "workload": [tiny_base["workload"], MISSING_TRACE, other],
+            },
+        }
+    )
     local = run_sweep(load_sweep(path, name="local"), "local", workers=2)
     ray = run_sweep(load_sweep(path, name="ray"), "ray", workers=2)
     assert ray.executed == local.executed == 6
     # Every column but the simulation's wall-clock time is identical, row for row.
-    pd.testing.assert_frame_equal(ray.table.drop(columns="wall_s"), local.table.drop(columns="wall_s"))
+    pd.testing.assert_frame_equal(
+        ray.table.drop(columns="wall_s"), local.table.drop(columns="wall_s")
+    )
     assert list(ray.table["status"]) == ["ok", "failed", "ok"] * 2
     # The driver wrote the Ray runs' folders: the same files as the pool's workers wrote.
     for run_id in ray.table.loc[ray.table["status"] == "ok", "run_id"]:

@@ -15,7 +15,12 @@ from simulator.sweep import load_sweep, run_sweep
 
 SCRIPT = Path(__file__).with_name("sweep_script.py")
 RATES = [1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 16.0]
-METRICS = ["normalized_latency_s_per_token", "mean_batched_requests", "completed", "mem_token_states_perc"]
+METRICS = [
+    "normalized_latency_s_per_token",
+    "mean_batched_requests",
+    "completed",
+    "mem_token_states_perc",
+]
 
 
 def _sweep(write_sweep, name="s"):
@@ -26,7 +31,11 @@ def _done(runs: Path) -> set[str]:
     """Finished runs (a folder being written is hidden: ``.<id>.<random>``)."""
     if not runs.is_dir():
         return set()
-    return {p.name for p in runs.iterdir() if not p.name.startswith(".") and (p / "summary.json").is_file()}
+    return {
+        p.name
+        for p in runs.iterdir()
+        if not p.name.startswith(".") and (p / "summary.json").is_file()
+    }
 
 
 def _reference(write_sweep) -> pd.DataFrame:
@@ -70,8 +79,12 @@ def test_killed_sweep_restarts_without_losing_or_repeating_a_finished_run(write_
     runs = spec.dir / "runs"
     markers = tmp_path / "markers"
     markers.mkdir()
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), str(path), str(markers), "slow"],
-                            start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPT), str(path), str(markers), "slow"],
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 60
     while len(_done(runs)) < 3 and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.02)
@@ -91,7 +104,9 @@ def test_killed_sweep_restarts_without_losing_or_repeating_a_finished_run(write_
     result = run_sweep(spec, InProcessExecutor(counting))
     all_ids = set(result.table["run_id"])
     assert len(all_ids) == len(RATES)
-    assert sorted(second) == sorted(all_ids - done_at_kill)  # the rest, each once; nothing finished again
+    assert sorted(second) == sorted(
+        all_ids - done_at_kill
+    )  # the rest, each once; nothing finished again
     assert (result.table["status"] == "ok").all()
     ref = _reference(write_sweep)
     pd.testing.assert_frame_equal(result.table[["run_id", *METRICS]], ref[["run_id", *METRICS]])
