@@ -64,8 +64,9 @@ def make_cost_factory(cfg: ExperimentConfig, base_dir: Path) -> Callable[[], Cos
         from simulator.cost_model.calibrated import CalibratedCostModel, load_profile_for
 
         profile = load_profile_for(c.profile, base_dir)
+        params = RooflineParams(step_overhead_s=c.step_overhead_s)
         return lambda: CalibratedCostModel(profile, cfg.model.spec, hw.spec, hw.tensor_parallel, block, kernel,
-                                           pcie=hw.pcie, swap_batched=c.swap_batched)
+                                           pcie=hw.pcie, swap_batched=c.swap_batched, params=params)
     params = RooflineParams(compute_efficiency=c.compute_efficiency, memory_efficiency=c.memory_efficiency,
                             step_overhead_s=c.step_overhead_s, swap_batched=c.swap_batched)
     return lambda: RooflineCostModel(cfg.model.spec, hw.spec, hw.tensor_parallel, block, kernel, params, hw.pcie)

@@ -27,7 +27,7 @@ from gpu_validation.model_shapes import layer_gemms, lm_head_gemm
 from gpu_validation.profile import AffineFit, Profile, ProfileError, read_profile
 from simulator.cost_model.base import BatchShape, CostModel
 from simulator.cost_model.catalogue import GPUSpec, ModelSpec
-from simulator.cost_model.roofline import RooflineParams
+from simulator.cost_model.roofline import RooflineParams, allreduce_coefficients
 
 PROFILES_DIR = Path(__file__).resolve().parents[2] / "gpu_validation" / "profiles"
 _CACHE_LIMIT = 65536  # memoised linear-layer times (distinct token counts) before a reset
@@ -97,14 +97,9 @@ class CalibratedCostModel(CostModel):
         self._swap = profile.swap_mode(swap_batched)
         self._swap_batched = swap_batched
         # All-reduce (not measurable on one GPU): the roofline's two ring all-reduces per layer.
-        if tp > 1:
-            ring = 2 * (tp - 1) / tp
-            self._allreduce_token_s = (
-                2 * m.num_layers * ring * m.hidden_size * m.dtype_bytes / gpu.nvlink_bandwidth
-            )
-            self._allreduce_fixed_s = 2 * m.num_layers * p.allreduce_latency_s
-        else:
-            self._allreduce_token_s = self._allreduce_fixed_s = 0.0
+        self._allreduce_fixed_s, self._allreduce_token_s = allreduce_coefficients(
+            m, gpu, tp, p.allreduce_latency_s
+        )
         self._linear_cache: dict[tuple[int, int], float] = {}
 
     # --- parts (seconds) ------------------------------------------------------------

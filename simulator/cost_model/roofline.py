@@ -42,6 +42,19 @@ class RooflineParams:
     swap_batched: bool = False  # one transfer per layer (gathered) instead of per block
 
 
+def allreduce_coefficients(model: ModelSpec, gpu: GPUSpec, tensor_parallel: int,
+                           latency_s: float) -> tuple[float, float]:
+    """``(fixed_s, per_token_s)`` of a step's two ring all-reduces per layer over NVLink.
+
+    Each moves ``tokens x hidden`` activations; a ring sends ``2 (tp-1)/tp`` of them.
+    """
+    if tensor_parallel <= 1:
+        return 0.0, 0.0
+    ring = 2 * (tensor_parallel - 1) / tensor_parallel
+    per_token = 2 * model.num_layers * ring * model.hidden_size * model.dtype_bytes / gpu.nvlink_bandwidth
+    return 2 * model.num_layers * latency_s, per_token
+
+
 def paged_kernel_factor(block_size: int, params: RooflineParams) -> float:
     """Decode-attention time multiplier of a paged kernel over a contiguous one."""
     return 1.0 + params.paged_overhead_base + params.paged_overhead_per_block / block_size
@@ -82,13 +95,7 @@ class RooflineCostModel(CostModel):
         per_token_bytes_s = m.kv_bytes_per_token / tp / bw
         per_token_flops_s = 4 * d_q * m.num_layers / tp / flops
         self._decode_token_s = factor * max(per_token_bytes_s, per_token_flops_s)
-        # All-reduce: two per layer of (tokens x hidden) activations.
-        if tp > 1:
-            ring = 2 * (tp - 1) / tp
-            self._allreduce_token_s = 2 * m.num_layers * ring * m.hidden_size * m.dtype_bytes / gpu.nvlink_bandwidth
-            self._allreduce_fixed_s = 2 * m.num_layers * p.allreduce_latency_s
-        else:
-            self._allreduce_token_s = self._allreduce_fixed_s = 0.0
+        self._allreduce_fixed_s, self._allreduce_token_s = allreduce_coefficients(m, gpu, tp, p.allreduce_latency_s)
         self._block_bytes = block_size * m.kv_bytes_per_token / tp  # one block, all layers, one GPU
         self._bw = bw
 
