@@ -352,6 +352,9 @@ class ContiguousAllocator(KVAllocator):
         """CPU swap slots in use."""
         return self._cpu_used
 
+    def resident_kv(self) -> tuple[int, int]:
+        return len(self._kv), self._token_states
+
     def usage(self) -> MemoryUsage:
         free = self._space.free_slots
         return MemoryUsage(

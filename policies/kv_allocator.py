@@ -158,6 +158,10 @@ class KVAllocator(ABC):
         """Tokens of KV stored for a sequence."""
 
     @abstractmethod
+    def resident_kv(self) -> tuple[int, int]:
+        """(sequences on the GPU, sum of their KV lengths in tokens): a decode batch's shape."""
+
+    @abstractmethod
     def usage(self) -> MemoryUsage:
         """Exact slot classes now."""
 

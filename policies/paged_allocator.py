@@ -55,6 +55,12 @@ class PagedAllocator(KVAllocator):
         self._cached: dict[int, int] = {}  # key -> GPU block holding that content
         self._key_of: dict[int, int] = {}  # GPU block -> its key
         self._evictable: OrderedDict[int, None] = OrderedDict()  # cached blocks no sequence holds, LRU first
+        # Totals over GPU-resident sequences, kept so the hot path never walks all of them.
+        self._res_seqs = 0
+        self._res_kv = 0  # sum of kv lengths (tokens)
+        self._res_blocks = 0  # sum of block-table lengths (a shared block counted per holder)
+        self._res_over = 0  # sum of max(0, table slots - final length): slots no token will fill
+        self._ever_shared = prefix_caching  # once blocks are shared, usage() walks the tables
         self.prefix_lookups = 0  # cacheable prompt blocks looked up
         self.prefix_hits = 0  # ... and found
         self.evictions = 0
@@ -62,6 +68,25 @@ class PagedAllocator(KVAllocator):
     @property
     def cow_copies(self) -> int:
         return self.copied_blocks
+
+    # --- totals over GPU-resident sequences ------------------------------------------
+    def _over(self, s: int) -> int:
+        return max(0, len(self._tables[s]) * self.block_size - self._final[s])
+
+    def _enter(self, s: int) -> None:
+        self._res_seqs += 1
+        self._res_kv += self._kv[s]
+        self._res_blocks += len(self._tables[s])
+        self._res_over += self._over(s)
+
+    def _leave(self, s: int) -> None:
+        self._res_seqs -= 1
+        self._res_kv -= self._kv[s]
+        self._res_blocks -= len(self._tables[s])
+        self._res_over -= self._over(s)
+
+    def resident_kv(self) -> tuple[int, int]:
+        return self._res_seqs, self._res_kv
 
     # --- free blocks, counting unreferenced cached ones ----------------------------
     @property
@@ -162,6 +187,8 @@ class PagedAllocator(KVAllocator):
                 self._key_of[b] = keys[i]
                 pool.share(b)
         blocks = hits + fresh
+        if len(seq_ids) > 1:
+            self._ever_shared = True
         for k, s in enumerate(seq_ids):
             if k:
                 for b in blocks:
@@ -169,6 +196,7 @@ class PagedAllocator(KVAllocator):
             self._tables[s] = list(blocks)
             self._kv[s] = prompt_len
             self._final[s] = final_len
+            self._enter(s)
         # Prefill must compute at least the last prompt token to sample the first output.
         return min(len(hits) * B, prompt_len - 1)
 
@@ -182,7 +210,7 @@ class PagedAllocator(KVAllocator):
                 need += 1
         if need > self.pool.num_free + len(self._evictable):
             return False
-        filled, pool = self._filled, self.pool
+        filled, pool, final = self._filled, self.pool, self._final
         for s in seq_ids:
             n = kv[s]
             off = n % B
@@ -190,6 +218,9 @@ class PagedAllocator(KVAllocator):
             if off == 0:
                 block = pool.allocate() if pool._free else self._take()
                 table.append(block)
+                self._res_blocks += 1
+                slots = len(table) * B
+                self._res_over += max(0, slots - final[s]) - max(0, slots - B - final[s])
             else:
                 block = table[-1]
                 if rc[block] > 1:  # copy-on-write: the partial block is shared
@@ -202,6 +233,7 @@ class PagedAllocator(KVAllocator):
             filled[block] = off + 1
             kv[s] = n + 1
         self._token_states += len(seq_ids)
+        self._res_kv += len(seq_ids)
         return True
 
     def fork(self, parent: int, child: int, child_final_len: int) -> None:
@@ -211,8 +243,12 @@ class PagedAllocator(KVAllocator):
         self._tables[child] = list(table)
         self._kv[child] = self._kv[parent]
         self._final[child] = child_final_len
+        self._ever_shared = True
+        self._enter(child)
 
     def free(self, seq_id: int) -> None:
+        if seq_id not in self._swapped:
+            self._leave(seq_id)
         table = self._tables.pop(seq_id)
         if seq_id in self._swapped:
             self._swapped.discard(seq_id)
@@ -231,6 +267,8 @@ class PagedAllocator(KVAllocator):
         return self._distinct_blocks(seq_ids) <= self.cpu_pool.num_free
 
     def swap_out(self, seq_ids: Sequence[int]) -> SwapResult:
+        for s in seq_ids:
+            self._leave(s)
         moved = self._move(seq_ids, self.pool, self.cpu_pool, self._filled, self._cpu_filled)
         self._swapped.update(seq_ids)
         return moved
@@ -247,6 +285,8 @@ class PagedAllocator(KVAllocator):
     def swap_in(self, seq_ids: Sequence[int]) -> SwapResult:
         moved = self._move(seq_ids, self.cpu_pool, self.pool, self._cpu_filled, self._filled)
         self._swapped.difference_update(seq_ids)
+        for s in seq_ids:
+            self._enter(s)
         return moved
 
     def _move(self, seq_ids, src: BlockPool, dst: BlockPool, src_filled, dst_filled) -> SwapResult:
@@ -317,7 +357,7 @@ class PagedAllocator(KVAllocator):
         used = self.pool.num_used - len(self._evictable) + new_blocks
         token_states = self._token_states + n * i
         # Apply: extend block tables, fill the blocks, bump lengths.
-        filled, tables = self._filled, self._tables
+        filled, tables, final_of = self._filled, self._tables, self._final
         for s, k0, k1 in zip(seq_ids, kv0.tolist(), (kv0 + steps).tolist()):
             table = tables[s]
             if k0 % B:
@@ -325,11 +365,15 @@ class PagedAllocator(KVAllocator):
             extra = -(-k1 // B) - len(table)
             if extra:
                 start = len(table)
+                over_before = max(0, start * B - final_of[s])
                 table.extend(self._take_many(extra))
                 for j in range(start, len(table)):
                     filled[table[j]] = min(B, k1 - j * B)
+                self._res_blocks += extra
+                self._res_over += max(0, len(table) * B - final_of[s]) - over_before
             self._kv[s] = k1
         self._token_states += n * steps
+        self._res_kv += n * steps
         others = self._reserved_outside(seq_ids)
         reserved = reserved + others
         unshared = self._unshared_outside(seq_ids) + blocks.sum(axis=0) * B
@@ -363,6 +407,17 @@ class PagedAllocator(KVAllocator):
         return self.num_free_blocks * self.block_size
 
     def usage(self) -> MemoryUsage:
+        B = self.block_size
+        if not self._ever_shared:  # every block has one holder: the totals say it all
+            free = self.num_free_blocks * B
+            reserved = self._res_blocks * B - self._res_kv - self._res_over
+            return MemoryUsage(self.capacity, self._token_states, reserved,
+                               self.capacity - free - self._token_states - reserved, free, self._res_blocks * B)
+        return self._usage_walk()
+
+    def _usage_walk(self) -> MemoryUsage:
+        """Usage from every block table: exact with shared blocks (a shared partial last
+        block is filled by a copy, so its empty slots are nobody's reservation)."""
         B = self.block_size
         rc = self.pool._refcount
         reserved = unshared = 0
@@ -411,4 +466,10 @@ class PagedAllocator(KVAllocator):
         assert sum(1 for b, h in enumerate(held) if h == 0 and b in self._key_of) == len(self._evictable)
         in_use = sum(self._filled[b] for b in range(self.pool.num_blocks) if held[b] > 0)
         assert in_use == self._token_states, "token_states drifted from the blocks' contents"
+        resident = [s for s in self._tables if s not in self._swapped]
+        assert self._res_seqs == len(resident), "resident sequence count drifted"
+        assert self._res_kv == sum(self._kv[s] for s in resident), "resident kv total drifted"
+        assert self._res_blocks == sum(len(self._tables[s]) for s in resident), "resident block total drifted"
+        assert self._res_over == sum(self._over(s) for s in resident), "over-final total drifted"
+        assert self.usage() == self._usage_walk(), "incremental usage disagrees with the tables"
         self.usage().check()

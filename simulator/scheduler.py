@@ -100,6 +100,7 @@ class Scheduler:
         self.itl = LatencyHistogram()  # gaps between consecutive tokens of a sequence (s)
         self.rng = np.random.default_rng(limits.seed)
         self._shares_prefixes = bool(getattr(allocator, "prefix_caching", False))
+        self.beam_groups = 0  # beam-search groups admitted and not yet ended
 
     # --- arrivals --------------------------------------------------------------
     def add(self, request: Request, now: float) -> SequenceGroup:
@@ -121,6 +122,8 @@ class Scheduler:
         )
         if self._shares_prefixes:
             group.prefix = prefix_contents(request, self.alloc.block_size)
+        if group.beam_width > 1:
+            self.beam_groups += 1
         if request.prompt_tokens > limit:
             self._end(group, Status.REJECTED, f"prompt of {request.prompt_tokens} tokens exceeds max_seq_len {limit}")
         elif request.prompt_tokens + group.max_output > limit:
@@ -191,9 +194,10 @@ class Scheduler:
     def _decode(self, step: Step) -> None:
         alloc = self.alloc
         copies_before = alloc.copied_blocks
-        for g in self.running:
-            if g.beam_width > 1 and g.generated >= 1:
-                self._choose_beams(g)
+        if self.beam_groups:
+            for g in self.running:
+                if g.beam_width > 1 and g.generated >= 1:
+                    self._choose_beams(g)
         # Fast path: every running sequence gets its slot in one all-or-nothing call.
         if alloc.try_append([s for g in self.running for s in g.seq_ids]):
             kept = self.running
@@ -202,12 +206,8 @@ class Scheduler:
         self.running = kept
         if not step.preempted and self.swapped:
             self._swap_in(step)
-        shape = step.shape
-        kv_len = alloc.kv_len
-        for g in self.running:
-            shape.decode_seqs += len(g.seq_ids)
-            for s in g.seq_ids:
-                shape.decode_context += kv_len(s)
+        # Every sequence on the GPU belongs to a running group, and decodes.
+        step.shape.decode_seqs, step.shape.decode_context = alloc.resident_kv()
         step.decode = list(self.running)
         step.cow_copies = alloc.copied_blocks - copies_before
 
@@ -334,7 +334,7 @@ class Scheduler:
         """
         if step.prefill or not step.decode or step.preempted or step.swap_in_blocks or step.cow_copies:
             return 0
-        if any(g.beam_width > 1 for g in step.decode):
+        if self.beam_groups:
             return 0
         seqs: list[int] = []
         fewest = limit
@@ -394,6 +394,8 @@ class Scheduler:
             self.alloc.free(s)
 
     def _end(self, g: SequenceGroup, status: Status, reason: str | None) -> None:
+        if g.beam_width > 1:
+            self.beam_groups -= 1
         g.status = status
         g.reason = reason
         if g.finish is None:

@@ -47,3 +47,12 @@ def test_memory_classes_sum_to_capacity_every_step():
     total = steps[classes].sum(axis=1)
     cap = load_config(QUICKSTART)[0].kv_slots // 16 * 16
     assert ((total - cap).abs() < 1e-6 * cap).all()
+
+
+def test_contiguous_memory_classes_sum_to_capacity_every_step():
+    result = run("allocator.kind=contiguous", "allocator.preset=orca-max")
+    classes = ["token_states", "reserved", "internal_frag", "external_frag", "stranded_free", "idle_free"]
+    total = result.steps[classes].sum(axis=1)
+    cap = result.summary["kv_capacity_slots"]
+    assert ((total - cap).abs() < 1e-6 * cap).all()
+    assert result.summary["mem_internal_frag_perc"] > 10  # max-length reservations waste memory

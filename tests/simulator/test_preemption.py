@@ -81,3 +81,24 @@ def test_recompute_pays_the_prefill_again(simulate):
     prefill_s = cost.step_time(BatchShape(prefill_seqs=1, prefill_tokens=t, prefill_attn_pairs=causal_attention_pairs(t)))
     delay = victim.finish_s - ample[ample.request_id == 1].iloc[0].finish_s
     assert delay >= prefill_s
+
+
+def test_overlapping_swaps_with_compute_never_slows_a_step(simulate):
+    from simulator.engine import Simulation
+    from simulator.metrics import request_frame
+    from simulator.scheduler import SchedulerLimits
+
+    reqs = heavy(150, seed=3)
+    finish = {}
+    for overlap in (False, True):
+        sim = Simulation(reqs, lambda: PagedAllocator(80, 16, swap_blocks=300),
+                         lambda: RooflineCostModel(MODELS["llama-2-7b"], GPUS["a100-80gb"]),
+                         SchedulerLimits(max_seq_len=4096, preemption="swap"), overlap_swap=overlap)
+        sim.run()
+        steps = sim.steps.frame()
+        swapping = steps[steps.swap_s > 0]
+        assert len(swapping) > 0
+        # A step lasts at least its transfer: its own swap-ins are needed by its compute.
+        assert (swapping.duration_s >= swapping.swap_s - 1e-12).all()
+        finish[overlap] = request_frame(sim.request_rows)["finish_s"].max()
+    assert finish[True] < finish[False]  # max(compute, transfer) < compute + transfer
