@@ -45,7 +45,9 @@ class PagedAllocator(KVAllocator):
         self._kv: dict[int, int] = {}  # seq -> tokens of KV stored
         self._final: dict[int, int] = {}  # seq -> final KV length (classification only)
         self._swapped: set[int] = set()
-        self._filled = [0] * num_blocks  # slots written in each GPU block
+        # Slots written in each GPU block; for the last block of a sequence it may lag
+        # behind (runs of decode steps skip it) until _refresh_fill derives it from kv.
+        self._filled = [0] * num_blocks
         self._cpu_filled = [0] * swap_blocks
         self._token_states = 0  # sum of _filled over GPU blocks held by sequences
         self.copied_blocks = 0  # copy-on-write block copies so far
@@ -216,6 +218,8 @@ class PagedAllocator(KVAllocator):
             off = n % B
             table = tables[s]
             if off == 0:
+                if table:
+                    filled[table[-1]] = B  # the previous last block is full (its fill may be stale)
                 block = pool.allocate() if pool._free else self._take()
                 table.append(block)
                 self._res_blocks += 1
@@ -232,6 +236,10 @@ class PagedAllocator(KVAllocator):
                     self.copied_blocks += 1
             filled[block] = off + 1
             kv[s] = n + 1
+            if n + 1 > final[s]:  # outgrew the length it was admitted with: its final is its length
+                slots = len(table) * B
+                self._res_over += max(0, slots - n - 1) - max(0, slots - final[s])
+                final[s] = n + 1
         self._token_states += len(seq_ids)
         self._res_kv += len(seq_ids)
         return True
@@ -249,6 +257,7 @@ class PagedAllocator(KVAllocator):
     def free(self, seq_id: int) -> None:
         if seq_id not in self._swapped:
             self._leave(seq_id)
+            self._refresh_fill(seq_id)
         table = self._tables.pop(seq_id)
         if seq_id in self._swapped:
             self._swapped.discard(seq_id)
@@ -269,6 +278,7 @@ class PagedAllocator(KVAllocator):
     def swap_out(self, seq_ids: Sequence[int]) -> SwapResult:
         for s in seq_ids:
             self._leave(s)
+            self._refresh_fill(s)
         moved = self._move(seq_ids, self.pool, self.cpu_pool, self._filled, self._cpu_filled)
         self._swapped.update(seq_ids)
         return moved
@@ -346,37 +356,63 @@ class PagedAllocator(KVAllocator):
         return lo
 
     def advance(self, seq_ids: Sequence[int], steps: int) -> UsageSeries:
+        """Append ``steps`` slots to every sequence at once; return the usage after each step.
+
+        Only sequences that cross a block boundary are touched one by one (to extend
+        their block tables); the fill of each sequence's last block is left to be
+        derived from its length (``_refresh_fill``).
+        """
         B, n = self.block_size, len(seq_ids)
-        kv0 = np.fromiter((self._kv[s] for s in seq_ids), np.int64, n)
-        final = np.fromiter((self._final[s] for s in seq_ids), np.int64, n)
+        kv, final_of, tables = self._kv, self._final, self._tables
+        kv0 = np.fromiter((kv[s] for s in seq_ids), np.int64, n)
+        final = np.fromiter((final_of[s] for s in seq_ids), np.int64, n)
         i = np.arange(1, steps + 1, dtype=np.int64)
-        kv = kv0[:, None] + i[None, :]  # sequences x steps
-        blocks = -(-kv // B)
-        reserved = np.maximum(np.minimum(blocks * B, final[:, None]) - kv, 0).sum(axis=0)
-        new_blocks = (blocks - (-(-kv0 // B))[:, None]).sum(axis=0)
-        used = self.pool.num_used - len(self._evictable) + new_blocks
-        token_states = self._token_states + n * i
-        # Apply: extend block tables, fill the blocks, bump lengths.
-        filled, tables, final_of = self._filled, self._tables, self._final
-        for s, k0, k1 in zip(seq_ids, kv0.tolist(), (kv0 + steps).tolist()):
+        kv1 = kv0 + steps
+        extra = -(-kv1 // B) - (-(-kv0 // B))
+        # New blocks taken at step j: sequences whose next append starts a block, i.e.
+        # (kv0 + j - 1) % B == 0; the pattern repeats every B steps.
+        starts = np.bincount((-kv0) % B, minlength=B)
+        new_blocks = np.cumsum(starts[(i - 1) % B])
+        res_blocks0, res_kv0, res_over0 = self._res_blocks, self._res_kv, self._res_over
+        # Slots past a sequence's final length appear only in its last block: only sequences
+        # that may reach it during the run need a closer look.
+        near = np.flatnonzero(final - kv0 < steps + B)
+        if len(near):
+            kv_near = kv0[near, None] + i[None, :]
+            # A sequence that outgrows its final length has its length as final length.
+            final_near = np.maximum(final[near, None], kv_near)
+            over_near = np.maximum(-(-kv_near // B) * B - final_near, 0).sum(axis=0)
+            over0_near = int(np.maximum(-(-kv0[near] // B) * B - final[near], 0).sum())
+            for j in np.flatnonzero(kv1[near] > final[near]).tolist():
+                final_of[seq_ids[near[j]]] = int(kv1[near[j]])
+        else:
+            over_near, over0_near = np.zeros(steps, np.int64), 0
+        # Apply: extend the tables that cross a boundary, bump every length.
+        filled = self._filled
+        for j in np.flatnonzero(extra).tolist():
+            s, e = seq_ids[j], int(extra[j])
             table = tables[s]
-            if k0 % B:
-                filled[table[-1]] = min(B, k1 - (len(table) - 1) * B)
-            extra = -(-k1 // B) - len(table)
-            if extra:
-                start = len(table)
-                over_before = max(0, start * B - final_of[s])
-                table.extend(self._take_many(extra))
-                for j in range(start, len(table)):
-                    filled[table[j]] = min(B, k1 - j * B)
-                self._res_blocks += extra
-                self._res_over += max(0, len(table) * B - final_of[s]) - over_before
-            self._kv[s] = k1
+            filled[table[-1]] = B  # the old last block is full now
+            table.extend(self._take_many(e))
+            for b in table[-e:-1]:
+                filled[b] = B
+        kv.update(zip(seq_ids, kv1.tolist()))
         self._token_states += n * steps
         self._res_kv += n * steps
-        others = self._reserved_outside(seq_ids)
-        reserved = reserved + others
-        unshared = self._unshared_outside(seq_ids) + blocks.sum(axis=0) * B
+        self._res_blocks += int(extra.sum())
+        self._res_over += int(over_near[-1]) - over0_near
+        token_states = self._token_states - n * steps + n * i
+        used = self.pool.num_used - len(self._evictable) - int(extra.sum()) + new_blocks
+        if self._ever_shared:
+            kv_all = kv0[:, None] + i[None, :]
+            blocks = -(-kv_all // B)
+            reserved = np.maximum(np.minimum(blocks * B, final[:, None]) - kv_all, 0).sum(axis=0)
+            reserved = reserved + self._reserved_outside(seq_ids)
+            unshared = self._unshared_outside(seq_ids) + blocks.sum(axis=0) * B
+        else:
+            held = res_blocks0 + new_blocks
+            reserved = held * B - (res_kv0 + n * i) - (res_over0 - over0_near + over_near)
+            unshared = held * B
         return UsageSeries(
             token_states=token_states,
             reserved=reserved,
@@ -384,6 +420,12 @@ class PagedAllocator(KVAllocator):
             free=(self.pool.num_blocks - used) * B,
             unshared=unshared,
         )
+
+    def _refresh_fill(self, s: int) -> None:
+        """Write the fill of a sequence's last block (runs of decode steps leave it stale)."""
+        table = self._tables[s]
+        if table:
+            self._filled[table[-1]] = self._kv[s] - (len(table) - 1) * self.block_size
 
     def _unshared_outside(self, seq_ids: Sequence[int]) -> int:
         inside = set(seq_ids)
@@ -443,6 +485,9 @@ class PagedAllocator(KVAllocator):
         )
 
     def check(self) -> None:
+        for s in self._tables:
+            if s not in self._swapped:
+                self._refresh_fill(s)
         self.pool.check()
         self.cpu_pool.check()
         gpu_refs = [0] * self.pool.num_blocks

@@ -140,8 +140,8 @@ class Simulation:
             swap = cost.swap_time(step.swap_out_blocks, step.swap_out_slots) + cost.swap_time(
                 step.swap_in_blocks, step.swap_in_slots)
             extra = sched.run_length(step, self.max_run) if self.macro_steps else 0
-            if extra:  # swap is 0 here: runs never preempt or swap in
-                durations = self._run_durations(step, cost, extra, start + compute, bool(sched.waiting))
+            durations = self._run_durations(step, cost, extra, start + compute, bool(sched.waiting)) if extra else None
+            if durations is not None and len(durations):  # swap is 0 here: runs never preempt or swap in
                 self._record_run(replica, step, start, compute, durations)
                 yield env.timeout(compute + float(durations.sum()))
                 sched.complete(step, env.now, durations)

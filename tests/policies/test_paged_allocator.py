@@ -92,7 +92,8 @@ def test_swap_round_trip_keeps_sharing_and_contents():
 
 @st.composite
 def operations(draw):
-    return draw(st.lists(st.tuples(st.sampled_from(["admit", "append", "fork", "free", "swap_out", "swap_in"]),
+    return draw(st.lists(st.tuples(st.sampled_from(["admit", "append", "fork", "free", "swap_out", "swap_in",
+                                                    "advance"]),
                                    st.integers(0, 10_000), st.integers(1, 40)), max_size=80))
 
 
@@ -131,6 +132,20 @@ def test_random_operations_keep_every_invariant(block_size, ops):
                 a.swap_out([s])
                 live.remove(s)
                 swapped.append(s)
+        elif op == "advance" and live:
+            group = live[: 1 + pick % len(live)]
+            before = {s: a.kv_len(s) for s in group}
+            k = a.max_advance(group, size)
+            if k:
+                usage_before = a.usage()
+                series = a.advance(group, k)
+                assert all(a.kv_len(s) == before[s] + k for s in group)
+                last = a.usage()
+                # The series ends where the allocator now is, and starts one step after before.
+                assert series.token_states[-1] == last.token_states
+                assert series.reserved[-1] == last.reserved and series.free[-1] == last.free
+                assert series.internal_frag[-1] == last.internal_frag
+                assert series.token_states[0] == usage_before.token_states + len(group)
         elif op == "swap_in" and swapped:
             s = swapped[pick % len(swapped)]
             if a.check_swap_in([s], 0) is Admission.OK:
