@@ -9,6 +9,9 @@ very bookkeeping the simulator models.
 
 from __future__ import annotations
 
+from collections import deque
+from itertools import repeat
+
 
 class OutOfBlocks(RuntimeError):
     """Raised when a block is requested and the pool has none free."""
@@ -85,6 +88,28 @@ class BlockPool:
             self._free.append(block)
             return True
         return False
+
+    def free_exclusive(self, blocks: list[int]) -> None:
+        """Free blocks the caller knows it holds alone (refcount 1), at C speed."""
+        rc = self._refcount
+        if blocks and set(map(rc.__getitem__, blocks)) != {1}:
+            raise ValueError("free_exclusive got a block that is shared or already free")
+        deque(map(rc.__setitem__, blocks, repeat(0)), maxlen=0)
+        self._free.extend(blocks)
+
+    def release_all(self, blocks: list[int]) -> list[int]:
+        """Drop one holder of each block (a whole block table at once); return those freed."""
+        rc, free = self._refcount, self._free
+        freed = []
+        for b in blocks:
+            r = rc[b] - 1
+            if r < 0:
+                raise ValueError(f"block {b} released more often than held")
+            rc[b] = r
+            if r == 0:
+                free.append(b)
+                freed.append(b)
+        return freed
 
     # --- invariants ----------------------------------------------------------
     def check(self) -> None:

@@ -47,8 +47,9 @@ class PagedAllocator(KVAllocator):
         self._swapped: set[int] = set()
         # Slots written in each GPU block; for the last block of a sequence it may lag
         # behind (runs of decode steps skip it) until _refresh_fill derives it from kv.
-        self._filled = [0] * num_blocks
-        self._cpu_filled = [0] * swap_blocks
+        # A block not in use reads as full, so a table's full blocks need no writes.
+        self._filled = [block_size] * num_blocks
+        self._cpu_filled = [block_size] * swap_blocks
         self._token_states = 0  # sum of _filled over GPU blocks held by sequences
         self.copied_blocks = 0  # copy-on-write block copies so far
         # prefix cache
@@ -103,7 +104,7 @@ class PagedAllocator(KVAllocator):
         del self._cached[self._key_of.pop(block)]
         self.evictions += 1
         self.pool.release(block)  # the cache's reference; now free
-        self._filled[block] = 0
+        self._filled[block] = self.block_size
         return self.pool.allocate()
 
     def _take_many(self, count: int) -> list[int]:
@@ -112,14 +113,23 @@ class PagedAllocator(KVAllocator):
         return [self._take() for _ in range(count)]
 
     def _release_gpu(self, table: list[int]) -> None:
-        filled, pool, key_of = self._filled, self.pool, self._key_of
-        for b in table:
-            if pool.release(b):
-                self._token_states -= filled[b]
-                filled[b] = 0
-            elif b in key_of and pool._refcount[b] == 1:  # only the cache holds it now
-                self._token_states -= filled[b]
-                self._evictable[b] = None
+        filled, B = self._filled, self.block_size
+        if not self._ever_shared:  # every block has this one holder: all are freed
+            last = table[-1] if table else None
+            self._token_states -= (len(table) - 1) * B + filled[last] if table else 0
+            self.pool.free_exclusive(table)
+            if table:
+                filled[last] = B
+            return
+        for b in self.pool.release_all(table):
+            self._token_states -= filled[b]
+            filled[b] = B
+        if self._key_of:  # cached blocks that only the cache holds now become evictable
+            rc = self.pool._refcount
+            for b in table:
+                if rc[b] == 1 and b in self._key_of and b not in self._evictable:
+                    self._token_states -= filled[b]
+                    self._evictable[b] = None
 
     # --- prefix cache ----------------------------------------------------------------
     def _keys(self, prefix: Sequence[Hashable]) -> list[int]:
@@ -181,13 +191,14 @@ class PagedAllocator(KVAllocator):
         self.prefix_lookups += len(keys)
         self.prefix_hits += len(hits)
         fresh = self._take_many(blocks_for(prompt_len, B) - len(hits))
-        for i, b in enumerate(fresh, start=len(hits)):
-            filled[b] = min(B, prompt_len - i * B)
-            self._token_states += filled[b]
-            if i < len(keys):  # a full block with a known identity: index it (the cache holds a ref)
-                self._cached[keys[i]] = b
-                self._key_of[b] = keys[i]
-                pool.share(b)
+        if fresh:  # fresh blocks read as full; only the prompt's last block may be partial
+            filled[fresh[-1]] = prompt_len - (len(hits) + len(fresh) - 1) * B
+            self._token_states += prompt_len - len(hits) * B
+        for i in range(len(hits), min(len(keys), len(hits) + len(fresh))):
+            b = fresh[i - len(hits)]  # a full block with a known identity: index it (the cache holds a ref)
+            self._cached[keys[i]] = b
+            self._key_of[b] = keys[i]
+            pool.share(b)
         blocks = hits + fresh
         if len(seq_ids) > 1:
             self._ever_shared = True
@@ -263,7 +274,7 @@ class PagedAllocator(KVAllocator):
             self._swapped.discard(seq_id)
             for b in table:
                 if self.cpu_pool.release(b):
-                    self._cpu_filled[b] = 0
+                    self._cpu_filled[b] = self.block_size
         else:
             self._release_gpu(table)
         del self._kv[seq_id], self._final[seq_id]
@@ -319,7 +330,7 @@ class PagedAllocator(KVAllocator):
                 table[i] = new
                 if to_gpu:
                     if src.release(b):
-                        src_filled[b] = 0
+                        src_filled[b] = self.block_size
                 else:
                     self._release_gpu((b,))
         return SwapResult(blocks=len(mapping), slots=slots)
@@ -393,9 +404,7 @@ class PagedAllocator(KVAllocator):
             s, e = seq_ids[j], int(extra[j])
             table = tables[s]
             filled[table[-1]] = B  # the old last block is full now
-            table.extend(self._take_many(e))
-            for b in table[-e:-1]:
-                filled[b] = B
+            table.extend(self._take_many(e))  # fresh blocks read as full
         kv.update(zip(seq_ids, kv1.tolist()))
         self._token_states += n * steps
         self._res_kv += n * steps

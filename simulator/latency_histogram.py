@@ -37,6 +37,15 @@ class LatencyHistogram:
         """Record each value of ``seconds`` ``times`` times (vectorised)."""
         if len(seconds) == 0:
             return
+        first, last = float(seconds[0]), float(seconds[-1])
+        if first > 0 and last > 0:
+            b = math.floor(math.log(first) / _LOG_BASE)
+            if b == math.floor(math.log(last) / _LOG_BASE) and first <= last:  # a run's gaps only grow
+                c = self._counts
+                c[b] = c.get(b, 0) + len(seconds) * times
+                self.total += float(seconds.sum()) * times
+                self.count += len(seconds) * times
+                return
         buckets = np.floor(np.log(np.maximum(seconds, 1e-300)) / _LOG_BASE).astype(np.int64)
         if len(buckets) > 1 and np.all(buckets[1:] >= buckets[:-1]):  # a run's gaps only grow
             starts = np.flatnonzero(np.r_[True, buckets[1:] != buckets[:-1]])

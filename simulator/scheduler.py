@@ -156,7 +156,7 @@ class Scheduler:
         self.blocked = None
         if not self.waiting:
             return
-        seqs = sum(len(g.seq_ids) for g in self.running)
+        seqs = alloc.resident_kv()[0]  # every sequence on the GPU is running
         while self.waiting:
             g = self.waiting[0]
             final = g.max_final_len
