@@ -135,7 +135,11 @@ SWEEP_COLUMNS = (
     ("normalized_latency_s_per_token", "norm. latency (s/tok)", "{:.4f}"),
     ("request_throughput", "req/s", "{:.3f}"),
     ("mean_batched_requests", "batched", "{:.1f}"),
-    ("kv_cache_usage_perc", "KV alloc %", "{:.1f}"),
+    ("mem_token_states_perc", "tokens %", "{:.1f}"),
+    ("mem_reserved_perc", "reserved %", "{:.1f}"),
+    ("mem_internal_frag_perc", "int. frag %", "{:.1f}"),
+    ("mem_external_frag_perc", "ext. frag %", "{:.1f}"),
+    ("mem_stranded_free_perc", "free, waiting %", "{:.1f}"),
 )
 
 

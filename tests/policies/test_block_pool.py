@@ -74,3 +74,21 @@ def test_random_operations_keep_invariants(ops):
         assert pool.num_used == len(holders)
         for b, n in holders.items():
             assert pool.refcount(b) == n
+
+
+def test_release_all_and_free_exclusive_match_one_by_one_release():
+    pool = BlockPool(6, 4)
+    table = pool.allocate_many(4)
+    pool.share(table[1])
+    assert pool.release_all(table) == [table[0], table[2], table[3]]  # table[1] still has a holder
+    assert pool.refcount(table[1]) == 1 and pool.num_free == 5
+    pool.check()
+    with pytest.raises(ValueError):
+        pool.release_all([table[0]])  # already free
+    mine = pool.allocate_many(3)
+    pool.free_exclusive(mine)
+    assert pool.num_free == 5
+    pool.check()
+    pool.share(table[1])
+    with pytest.raises(ValueError, match="shared"):
+        pool.free_exclusive([table[1]])
