@@ -33,6 +33,7 @@ from __future__ import annotations
 import copy
 import multiprocessing as mp
 import os
+import socket
 import traceback
 from collections import deque
 from collections.abc import Callable
@@ -262,6 +263,19 @@ class LocalExecutor:
         self.close(cancel=exc[0] is not None)
 
 
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast on a ``host:port`` (or ``ray://host:port``) nobody listens at; ``ray.init``
+    itself keeps retrying for minutes."""
+    hostport = address.split("://", 1)[-1]
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        return  # "auto" and other forms: leave them to Ray
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise ConnectionError(f"no Ray cluster answers at {address} ({e.strerror or e})") from None
+
+
 class RayExecutor:
     """One Ray task per run; joins ``address`` or starts a local Ray of ``num_cpus`` CPUs."""
 
@@ -276,6 +290,7 @@ class RayExecutor:
         self._started = False
         if not ray.is_initialized():
             if address:
+                _check_reachable(address)
                 ray.init(address=address, log_to_driver=False)
             else:
                 ray.init(

@@ -48,6 +48,7 @@ def write_run(result: RunResult, run_dir: Path, plot: bool = True) -> Path:
     run_dir = Path(run_dir)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{run_dir.name}.", dir=run_dir.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it private; results are for everyone who can read the folder
     try:
         (tmp / "config.yaml").write_text(yaml.safe_dump(config_dict(result.config), sort_keys=False))
         summary = _jsonable(result.summary) | {"wall_s": result.wall_s}

@@ -770,7 +770,7 @@ def run_sweep(
             if ex is None:
                 try:
                     ex = make_executor(executor, run_fn, workers=workers, address=address)
-                except (ImportError, ValueError) as e:
+                except (ImportError, ValueError, ConnectionError) as e:
                     raise SweepError(f"executor {executor}: {e}") from None
             ex.submit(RunJob(run_id, raw, base_dir, str(runs_dir / run_id), plot_runs))
             counts["submitted"] += 1

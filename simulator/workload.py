@@ -101,9 +101,11 @@ class TraceSource(_Section):
             raise ValueError(
                 "format 'generic' needs columns: {arrival_time, prompt_tokens, output_tokens}"
             )
-        if self.format != "generic" and generic_only & self.model_fields_set:
-            given = ", ".join(sorted(generic_only & self.model_fields_set))
-            raise ValueError(f"{given}: allowed only with format 'generic' (not {self.format!r})")
+        # Judged by value, not by presence: a resolved config written back out carries
+        # every key at its default and must load again.
+        changed = {k for k in generic_only if getattr(self, k) != type(self).model_fields[k].default}
+        if self.format != "generic" and changed:
+            raise ValueError(f"{', '.join(sorted(changed))}: allowed only with format 'generic' (not {self.format!r})")
         return self
 
     def trace_format(self, path: Path) -> str | TraceFormat:

@@ -56,3 +56,12 @@ def test_contiguous_memory_classes_sum_to_capacity_every_step():
     cap = result.summary["kv_capacity_slots"]
     assert ((total - cap).abs() < 1e-6 * cap).all()
     assert result.summary["mem_internal_frag_perc"] > 10  # max-length reservations waste memory
+
+
+def test_resolved_config_of_a_trace_run_loads_again(tmp_path):
+    from simulator.results import config_hash, write_run
+
+    result = run()
+    run_dir = write_run(result, tmp_path / "r", plot=False)
+    again, _ = load_config(run_dir / "config.yaml")
+    assert config_hash(again) == config_hash(result.config)

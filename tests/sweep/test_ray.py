@@ -34,3 +34,15 @@ def test_ray_on_two_local_cpus_gives_the_local_executors_table(write_sweep, tiny
         names = sorted(p.name for p in (ray.dir / "runs" / run_id).iterdir())
         assert names == sorted(p.name for p in (local.dir / "runs" / run_id).iterdir())
         assert "requests.parquet" in names
+
+
+def test_an_unreachable_ray_address_fails_fast_with_one_line(write_sweep, capsys):
+    from simulator.cli import main
+
+    path = write_sweep({"grid": {"allocator.block_size": [16]}})
+    assert (
+        main(["sweep", str(path), "--executor", "ray", "--address", "127.0.0.1:1", "--no-progress"])
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no Ray cluster answers at 127.0.0.1:1" in err
