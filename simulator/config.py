@@ -216,18 +216,18 @@ class ExperimentConfig(Strict):
 
 # --- loading -------------------------------------------------------------------------
 
-def _line_map(node: yaml.Node, path: tuple = (), out: dict | None = None) -> dict[tuple, int]:
+def line_map(node: yaml.Node, path: tuple = (), out: dict | None = None) -> dict[tuple, int]:
     """Map each key path in a YAML document to its 1-based line."""
     out = {} if out is None else out
     if isinstance(node, yaml.MappingNode):
         for k, v in node.value:
             p = path + (k.value,)
             out[p] = k.start_mark.line + 1
-            _line_map(v, p, out)
+            line_map(v, p, out)
     elif isinstance(node, yaml.SequenceNode):
         for i, v in enumerate(node.value):
             out[path + (i,)] = v.start_mark.line + 1
-            _line_map(v, path + (i,), out)
+            line_map(v, path + (i,), out)
     return out
 
 
@@ -296,25 +296,35 @@ def _allowed_keys(model: type[BaseModel], path: tuple) -> list[str]:
     return list(model.model_fields)
 
 
-def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> tuple[ExperimentConfig, Path]:
-    """Read, override and validate a YAML experiment; return it and its folder."""
+def read_yaml(path: str | Path, what: str = "config", error: type[Exception] = ConfigError) -> tuple[Any, dict]:
+    """Parse a YAML file; return its data and a map from key paths to 1-based lines.
+
+    Unreadable files and YAML syntax errors raise ``error`` with the file and line.
+    """
     path = Path(path)
     try:
         text = path.read_text()
     except OSError as e:
-        raise ConfigError(f"{path}: cannot read config ({e.strerror})") from None
+        raise error(f"{path}: cannot read {what} ({e.strerror})") from None
     try:
         node = yaml.compose(text)
         raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise ConfigError(f"{where}: not valid YAML ({getattr(e, 'problem', None) or e})") from None
+        raise error(f"{where}: not valid YAML ({getattr(e, 'problem', None) or e})") from None
+    return raw, (line_map(node) if node else {})
+
+
+def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> tuple[ExperimentConfig, Path]:
+    """Read, override and validate a YAML experiment; return it and its folder."""
+    path = Path(path)
+    raw, lines = read_yaml(path)
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections (model, hardware, workload, ...)")
-    return validate_config(raw, source=str(path), lines=_line_map(node) if node else {}, overrides=overrides), path.parent
+    return validate_config(raw, source=str(path), lines=lines, overrides=overrides), path.parent
 
 
 def validate_config(raw: dict, source: str = "<config>", lines: dict | None = None,

@@ -19,6 +19,8 @@ import math
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
@@ -43,13 +45,27 @@ def _jsonable(summary: dict) -> dict:
     return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in summary.items()}
 
 
-def write_run(result: RunResult, run_dir: Path, plot: bool = True) -> Path:
-    """Write a run's outputs atomically into ``run_dir``; return it."""
+@contextmanager
+def atomic_dir(run_dir: Path) -> Iterator[Path]:
+    """Yield a temporary folder beside ``run_dir``; on success it replaces ``run_dir`` in
+    one rename, on failure it is removed: readers see the old folder or the new, never half."""
     run_dir = Path(run_dir)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{run_dir.name}.", dir=run_dir.parent))
     tmp.chmod(0o755)  # mkdtemp makes it private; results are for everyone who can read the folder
     try:
+        yield tmp
+        if run_dir.exists():
+            shutil.rmtree(run_dir)
+        os.replace(tmp, run_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def write_run(result: RunResult, run_dir: Path, plot: bool = True) -> Path:
+    """Write a run's outputs atomically into ``run_dir``; return it."""
+    with atomic_dir(run_dir) as tmp:
         (tmp / "config.yaml").write_text(yaml.safe_dump(config_dict(result.config), sort_keys=False))
         summary = _jsonable(result.summary) | {"wall_s": result.wall_s}
         (tmp / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -61,13 +77,7 @@ def write_run(result: RunResult, run_dir: Path, plot: bool = True) -> Path:
 
             plot_memory_timeline(result.steps, result.summary["kv_capacity_slots"], tmp / "memory_timeline.png",
                                  title=result.config.name)
-        if run_dir.exists():
-            shutil.rmtree(run_dir)
-        os.replace(tmp, run_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return run_dir
+    return Path(run_dir)
 
 
 def default_run_dir(cfg: ExperimentConfig, run: str | None = None) -> Path:

@@ -59,8 +59,6 @@ import itertools
 import json
 import math
 import os
-import shutil
-import tempfile
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -73,13 +71,13 @@ import yaml
 from simulator.config import (
     ConfigError,
     ExperimentConfig,
-    _line_map,
     parse_override,
+    read_yaml,
     validate_config,
 )
 from simulator.executors import Executor, RunFn, RunJob, RunOutcome, execute_run, make_executor
 from simulator.rate_search import RateBisection, RateSearchSpec, SustainabilityCriterion
-from simulator.results import config_hash, write_run
+from simulator.results import atomic_dir, config_hash, write_run
 
 SWEEP_KEYS = (
     "name",
@@ -172,18 +170,7 @@ def _yaml_text(value: Any) -> str:
 
 
 def _read_yaml(path: Path, what: str) -> tuple[Any, dict]:
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise SweepError(f"{path}: cannot read {what} ({e.strerror})") from None
-    try:
-        node = yaml.compose(text)
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise SweepError(f"{where}: not valid YAML ({getattr(e, 'problem', None) or e})") from None
-    return raw, (_line_map(node) if node else {})
+    return read_yaml(path, what, SweepError)
 
 
 def _mapping(value: Any, where: str, key: str) -> dict:
@@ -521,18 +508,10 @@ def write_failure(run_dir: Path, error: str, details: str | None, config: dict) 
     run_dir = Path(run_dir)
     if run_status(run_dir) == "ok":
         return run_dir
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{run_dir.name}.", dir=run_dir.parent))
-    try:
+    with atomic_dir(run_dir) as tmp:
         text = error + ("\n\n" + details if details and details.strip() != error else "") + "\n"
         (tmp / "error.txt").write_text(text)
         (tmp / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-        if run_dir.exists():
-            shutil.rmtree(run_dir)
-        os.replace(tmp, run_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return run_dir
 
 
