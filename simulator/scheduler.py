@@ -68,6 +68,7 @@ class Step:
     swap_out_slots: int = 0  # token slots moved
     swap_in_slots: int = 0
     cow_copies: int = 0  # blocks copied on the GPU (copy-on-write, contiguous forks)
+    decode_seq_ids: list[int] = field(default_factory=list)  # the decoding sequences, group by group
 
     @property
     def empty(self) -> bool:
@@ -199,13 +200,17 @@ class Scheduler:
                 if g.beam_width > 1 and g.generated >= 1:
                     self._choose_beams(g)
         # Fast path: every running sequence gets its slot in one all-or-nothing call.
-        if alloc.try_append([s for g in self.running for s in g.seq_ids]):
+        seqs = [s for g in self.running for s in g.seq_ids]
+        if alloc.try_append(seqs):
             kept = self.running
         else:
             kept = self._append_or_preempt(step)
+            seqs = None
         self.running = kept
         if not step.preempted and self.swapped:
             self._swap_in(step)
+            seqs = None
+        step.decode_seq_ids = seqs if seqs is not None else [s for g in kept for s in g.seq_ids]
         # Every sequence on the GPU belongs to a running group, and decodes.
         step.shape.decode_seqs, step.shape.decode_context = alloc.resident_kv()
         step.decode = list(self.running)
@@ -336,20 +341,14 @@ class Scheduler:
             return 0
         if self.beam_groups:
             return 0
-        seqs: list[int] = []
-        fewest = limit
-        for g in step.decode:
-            left = g.next_finish - g.generated - 1
-            if left < fewest:
-                fewest = left
-            seqs.extend(g.seq_ids)
+        fewest = min(limit, min(g.next_finish - g.generated for g in step.decode) - 1)
         if fewest <= 0:
             return 0
-        return self.alloc.max_advance(seqs, fewest)
+        return self.alloc.max_advance(step.decode_seq_ids, fewest)
 
     def advance(self, step: Step, extra: int):
         """Apply ``extra`` more decode iterations of ``step`` to memory; return the usage series."""
-        return self.alloc.advance([s for g in step.decode for s in g.seq_ids], extra)
+        return self.alloc.advance(step.decode_seq_ids, extra)
 
     # --- after the step ----------------------------------------------------------------
     def complete(self, step: Step, now: float, extra_durations: np.ndarray | None = None) -> None:
