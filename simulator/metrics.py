@@ -66,7 +66,7 @@ class StepLog:
 
 REQUEST_COLUMNS = (
     "request_id", "replica", "status", "reason", "arrival_s", "prompt_tokens", "output_tokens", "num_seqs",
-    "generated_tokens", "scheduled_s", "first_token_s", "finish_s", "preemptions", "recomputed_tokens",
+    "generated_tokens", "total_output_tokens", "cached_prompt_tokens", "scheduled_s", "first_token_s", "finish_s", "preemptions", "recomputed_tokens",
     "swapped_out_blocks", "swapped_in_blocks",
 )
 
@@ -74,7 +74,7 @@ REQUEST_COLUMNS = (
 def request_row(g: SequenceGroup, replica: int) -> tuple:
     r = g.request
     return (r.request_id, replica, g.status.value, g.reason, r.arrival_time, r.prompt_tokens,
-            r.output_tokens, r.num_seqs, g.generated, g.first_scheduled, g.first_token, g.finish, g.preemptions,
+            r.output_tokens, r.num_seqs, g.generated, g.total_output_tokens, g.cached_tokens, g.first_scheduled, g.first_token, g.finish, g.preemptions,
             g.recomputed_tokens, g.swapped_out_blocks, g.swapped_in_blocks)
 
 
@@ -133,7 +133,7 @@ def summarize(
     end = float(done["finish_s"].max()) if len(done) else start
     duration = max(end - start, 1e-12)
     out["duration_s"] = end - start
-    out_tokens = (done["output_tokens"] * done["num_seqs"]).sum()
+    out_tokens = done["total_output_tokens"].sum()  # every sample's or beam's tokens
     out["request_throughput"] = len(done) / duration
     out["output_throughput"] = float(out_tokens) / duration
     out["total_token_throughput"] = float(out_tokens + done["prompt_tokens"].sum()) / duration

@@ -380,7 +380,6 @@ class Scheduler:
         for s in [s for s in g.seq_ids if g.targets[s] <= g.generated]:
             self.alloc.free(s)
             g.seq_ids.remove(s)
-            g.finished_seqs.append(s)
         if g.seq_ids:
             g.next_finish = min(g.targets[s] for s in g.seq_ids)
             return False

@@ -45,7 +45,6 @@ class SequenceGroup:
     swapped_out_blocks: int = 0
     swapped_in_blocks: int = 0
     reason: str | None = None  # why rejected or aborted
-    finished_seqs: list[int] = field(default_factory=list)
     prefix: list = field(default_factory=list)  # contents of shareable leading prompt blocks
     cached_tokens: int = 0  # prompt tokens found in the prefix cache at the last prefill
     total_output_tokens: int = 0  # output tokens over all samples / beams (sum of targets)
