@@ -69,10 +69,10 @@ def run_case(name: str, macro: bool) -> dict:
     t0 = time.perf_counter()
     result = run_experiment(cfg)
     wall = time.perf_counter() - t0
-    steps = result.steps
-    tokens = int(steps["prefill_tokens"].sum() + steps["decode_tokens"].sum())
-    return {"case": name, "wall_s": wall, "tokens": tokens, "requests": result.summary["num_requests"],
-            "completed": result.summary["completed"], "rows": len(steps), "iterations": int(steps["iterations"].sum())}
+    s = result.summary
+    return {"case": name, "wall_s": wall, "tokens": s["prefill_tokens"] + s["decode_tokens"],
+            "requests": s["num_requests"], "completed": s["completed"], "rows": s["engine_rows"],
+            "iterations": s["num_steps"]}
 
 
 def measure(name: str, macro: bool) -> dict:

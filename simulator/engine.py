@@ -23,9 +23,10 @@ import simpy
 from policies.kv_allocator import KVAllocator, MemoryUsage
 from simulator.cost_model.base import CostModel
 from simulator.memory_classes import classify
-from simulator.metrics import StepLog, request_row
+from simulator.metrics import RequestLog, request_row
 from simulator.scheduler import Scheduler, SchedulerLimits, Step
 from simulator.sequence import SequenceGroup
+from simulator.step_log import StepLog, Window
 from traces import Request
 
 
@@ -68,6 +69,8 @@ class Router:
 class Simulation:
     """Wires the trace, router and replicas into one SimPy environment and runs it.
 
+    ``keep_steps``: keep every step's row (the per-step table and the memory
+    timeline); without, only the totals the summary needs, averaged over ``window``.
     ``overlap_swap``: swaps run on the replica's PCIe link (a SimPy resource) while
     the GPU computes, so a step lasts max(compute, transfer) instead of their sum.
     """
@@ -83,11 +86,13 @@ class Simulation:
         macro_steps: bool = True,
         max_run: int = 1024,
         overlap_swap: bool = False,
+        keep_steps: bool = True,
+        window: Window = "busy",
     ):
         self.env = simpy.Environment()
         self.requests = requests
-        self.steps = StepLog()
-        self.request_rows: list[tuple] = []
+        self.steps = StepLog(keep_rows=keep_steps, window=window)  # rows, or only their totals
+        self.request_rows = RequestLog()
         self.replicas: list[Replica] = []
         for i in range(num_replicas):
             sched = Scheduler(make_allocator(), limits, on_terminal=self._on_terminal(i))

@@ -3,7 +3,8 @@
 - ``config.yaml``: the resolved config (every default filled in);
 - ``summary.json``: the summary metrics;
 - ``requests.parquet``, ``steps.parquet``: per-request and per-step tables;
-- ``memory_timeline.png``: the memory classes over time (unless disabled).
+- ``memory_timeline.png``: the memory classes over time (unless disabled, or when
+  ``metrics.step_table`` is off: then only the totals of the steps are kept).
 
 The run folder's default name is a hash of the resolved config, so the same
 config always lands in the same place and a sweep can skip runs already done.
@@ -72,7 +73,7 @@ def write_run(result: RunResult, run_dir: Path, plot: bool = True) -> Path:
         result.requests.to_parquet(tmp / "requests.parquet", index=False)
         if result.config.metrics.step_table:
             result.steps.to_parquet(tmp / "steps.parquet", index=False)
-        if plot:
+        if plot and len(result.steps):  # the timeline needs the per-step table
             from simulator.plots import plot_memory_timeline
 
             plot_memory_timeline(result.steps, result.summary["kv_capacity_slots"], tmp / "memory_timeline.png",

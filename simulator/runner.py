@@ -109,16 +109,16 @@ def run_experiment(cfg: ExperimentConfig, base_dir: Path = Path("."),
         requests = build_requests(cfg.workload, base_dir=base_dir, seed=cfg.seed, max_seq_len=cfg.model.context_len)
     sim = Simulation(requests, make_allocator_factory(cfg), make_cost_factory(cfg, base_dir),
                      scheduler_limits(cfg), cfg.hardware.num_replicas, cfg.scheduler.router,
-                     macro_steps=cfg.scheduler.macro_steps, overlap_swap=cfg.preemption.overlap_swap)
+                     macro_steps=cfg.scheduler.macro_steps, overlap_swap=cfg.preemption.overlap_swap,
+                     keep_steps=cfg.metrics.step_table, window=cfg.metrics.measurement_window)
     sim.run()
     req_df = request_frame(sim.request_rows)
-    steps = sim.steps.frame()
+    steps = sim.steps.frame()  # empty when metrics.step_table is off
     itl = LatencyHistogram()
     for r in sim.replicas:
         itl.merge(r.scheduler.itl)
     capacity = sim.replicas[0].scheduler.alloc.capacity
-    summary = summarize(req_df, steps, itl, capacity, cfg.metrics.slo_ttft_ms, cfg.metrics.slo_tpot_ms,
-                        cfg.metrics.measurement_window)
+    summary = summarize(req_df, sim.steps.totals(), itl, capacity, cfg.metrics.slo_ttft_ms, cfg.metrics.slo_tpot_ms)
     summary["kv_capacity_slots"] = capacity
     summary.update(allocator_stats([r.scheduler.alloc for r in sim.replicas], cfg.model.spec.kv_bytes_per_token,
                                    summary))

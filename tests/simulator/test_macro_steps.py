@@ -80,3 +80,27 @@ def test_macro_steps_actually_merge_iterations():
     _, steps, _ = run(reqs, ALLOCATORS["orca-max"], macro=True)
     assert steps["iterations"].max() > 10
     assert len(steps) < steps["iterations"].sum() / 3
+
+
+@pytest.mark.parametrize("window", ["busy", "saturated", (5.0, 40.0)])
+def test_totals_without_rows_equal_totals_from_rows(window):
+    from simulator.step_log import StepTotals
+
+    reqs = poisson_trace(400, 9.0, 7)
+    sims = []
+    for keep in (True, False):
+        cost = lambda: RooflineCostModel(MODELS["llama-2-7b"], GPUS["a100-80gb"])  # noqa: E731
+        sim = Simulation(reqs, ALLOCATORS["paged-16"], cost, SchedulerLimits(max_seq_len=2048, preemption="swap"),
+                         keep_steps=keep, window=window)
+        sim.run()
+        sims.append(sim)
+    kept, online = sims[0].steps.totals(), sims[1].steps.totals()
+    assert len(sims[1].steps.frame()) == 0 and kept.rows == online.rows > 0
+    assert kept.measured_s > 0 and kept.measured_s < kept.busy_s or window == "busy"
+    for name in ("busy_s", "recompute_time_s", "allocated_slot_s", "unshared_slot_s", "measured_s"):
+        assert getattr(online, name) == pytest.approx(getattr(kept, name), rel=1e-9, abs=1e-9), name
+    for c, v in kept.counters.items():
+        assert online.counters[c] == pytest.approx(v, rel=1e-9, abs=1e-9), c
+    for c, v in kept.measured.items():
+        assert online.measured[c] == pytest.approx(v, rel=1e-9, abs=1e-6), c
+    assert isinstance(StepTotals.from_frame(sims[0].steps.frame(), window), StepTotals)
