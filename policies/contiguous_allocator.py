@@ -24,7 +24,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from policies.kv_allocator import Admission, KVAllocator, MemoryUsage, SwapResult, UsageSeries
+from policies.kv_allocator import (
+    Admission,
+    KVAllocator,
+    MemoryUsage,
+    SwapResult,
+    UsageSeries,
+    final_lengths,
+)
 from policies.reservation import RESERVATION_POLICIES, reservation_slots
 from policies.slot_space import SlotSpace, make_slot_space
 
@@ -190,25 +197,28 @@ class ContiguousAllocator(KVAllocator):
     ) -> Admission:
         if num_seqs < 1:
             raise ValueError(f"num_seqs must be >= 1, got {num_seqs}")
-        reserve = self._reservation(prompt_len, final_len)
-        if reserve < final_len:  # the sequence could never finish in its region
+        finals = final_lengths(final_len, num_seqs)
+        reserves = [self._reservation(prompt_len, f) for f in finals]
+        if any(r < f for r, f in zip(reserves, finals)):  # a sequence could never finish in its region
             return Admission.NEVER
-        return self._admission([reserve] * num_seqs, watermark_slots)
+        return self._admission(reserves, watermark_slots)
 
     def admit(self, seq_ids: Sequence[int], prompt_len: int, final_len: int,
               prefix: Sequence[Hashable] = ()) -> int:
         """Place one region per sequence, each with its own copy of the prompt (no prefix cache)."""
         self._require_new(seq_ids)
-        reserve = self._reservation(prompt_len, final_len)
-        if reserve < final_len:
-            raise ValueError(
-                f"final_len {final_len} exceeds the {self.reservation!r} reservation "
-                f"of {reserve} slots (max_seq_len {self.max_seq_len})"
-            )
-        if not self._space.can_place([reserve] * len(seq_ids)):
-            raise OutOfSlots(f"cannot place {len(seq_ids)} regions of {reserve} slots")
-        for s in seq_ids:
-            self._place(s, reserve, prompt_len, final_len)
+        finals = final_lengths(final_len, len(seq_ids))
+        reserves = [self._reservation(prompt_len, f) for f in finals]
+        for r, f in zip(reserves, finals):
+            if r < f:
+                raise ValueError(
+                    f"final_len {f} exceeds the {self.reservation!r} reservation "
+                    f"of {r} slots (max_seq_len {self.max_seq_len})"
+                )
+        if not self._space.can_place(reserves):
+            raise OutOfSlots(f"cannot place {len(seq_ids)} regions of {reserves} slots")
+        for s, r, f in zip(seq_ids, reserves, finals):
+            self._place(s, r, prompt_len, f)
         return 0
 
     # --- growth and copies ---------------------------------------------------------------

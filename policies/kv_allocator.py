@@ -23,6 +23,15 @@ from dataclasses import dataclass
 import numpy as np
 
 
+def final_lengths(final_len: int | Sequence[int], num_seqs: int) -> list[int]:
+    """One final length per sequence: a group's sequences may end at different lengths."""
+    if isinstance(final_len, int):
+        return [final_len] * num_seqs
+    if len(final_len) != num_seqs:
+        raise ValueError(f"{len(final_len)} final lengths for {num_seqs} sequences")
+    return list(final_len)
+
+
 class Admission(enum.Enum):
     """Why a group can or cannot be admitted now."""
 
@@ -87,7 +96,7 @@ class KVAllocator(ABC):
     # --- admission -----------------------------------------------------------
     @abstractmethod
     def check_admit(
-        self, prompt_len: int, final_len: int, num_seqs: int, watermark_slots: int,
+        self, prompt_len: int, final_len: int | Sequence[int], num_seqs: int, watermark_slots: int,
         prefix: Sequence[Hashable] = (),
     ) -> Admission:
         """Could a group of ``num_seqs`` sequences sharing a ``prompt_len`` prompt be
@@ -99,10 +108,14 @@ class KVAllocator(ABC):
         """
 
     @abstractmethod
-    def admit(self, seq_ids: Sequence[int], prompt_len: int, final_len: int,
+    def admit(self, seq_ids: Sequence[int], prompt_len: int, final_len: int | Sequence[int],
               prefix: Sequence[Hashable] = ()) -> int:
         """Store the prompt's KV for every sequence of a new group (after ``check_admit``
-        said OK); return how many prompt tokens were found in the prefix cache."""
+        said OK); return how many prompt tokens were found in the prefix cache.
+
+        ``final_len``: one length for all sequences, or one per sequence (samples of
+        different lengths).
+        """
 
     # --- growth and sharing ---------------------------------------------------
     @abstractmethod

@@ -23,7 +23,14 @@ from collections.abc import Hashable, Sequence
 import numpy as np
 
 from policies.block_pool import BlockPool
-from policies.kv_allocator import Admission, KVAllocator, MemoryUsage, SwapResult, UsageSeries
+from policies.kv_allocator import (
+    Admission,
+    KVAllocator,
+    MemoryUsage,
+    SwapResult,
+    UsageSeries,
+    final_lengths,
+)
 
 
 def blocks_for(tokens: int, block_size: int) -> int:
@@ -160,14 +167,17 @@ class PagedAllocator(KVAllocator):
         final_blocks = blocks_for(max(final_len, prompt_len), B)
         if num_seqs == 1:
             peak = final_blocks
-        else:  # each sequence copies the shared partial block, then grows on its own
-            peak = prompt_blocks + num_seqs * (final_blocks - prompt_blocks + 1)
+        else:
+            # Each sequence grows on its own past the shared prompt; a partly filled last
+            # prompt block is copied by each (counted for all n, as try_append reserves it).
+            copies = num_seqs if prompt_len % B else 0
+            peak = prompt_blocks + num_seqs * (final_blocks - prompt_blocks) + copies
         return prompt_blocks > self.pool.num_blocks - wm_blocks or peak > self.pool.num_blocks
 
-    def check_admit(self, prompt_len: int, final_len: int, num_seqs: int, watermark_slots: int,
+    def check_admit(self, prompt_len: int, final_len: int | Sequence[int], num_seqs: int, watermark_slots: int,
                     prefix: Sequence[Hashable] = ()) -> Admission:
         wm = watermark_slots // self.block_size
-        if self._never_fits(prompt_len, final_len, num_seqs, wm):
+        if self._never_fits(prompt_len, max(final_lengths(final_len, num_seqs)), num_seqs, wm):
             return Admission.NEVER
         need = blocks_for(prompt_len, self.block_size)
         if self.prefix_caching and prefix:
@@ -178,7 +188,7 @@ class PagedAllocator(KVAllocator):
             return Admission.NO_SPACE
         return Admission.OK
 
-    def admit(self, seq_ids: Sequence[int], prompt_len: int, final_len: int,
+    def admit(self, seq_ids: Sequence[int], prompt_len: int, final_len: int | Sequence[int],
               prefix: Sequence[Hashable] = ()) -> int:
         B, pool, filled = self.block_size, self.pool, self._filled
         keys = self._keys(prefix) if self.prefix_caching and prefix else []
@@ -195,6 +205,8 @@ class PagedAllocator(KVAllocator):
             filled[fresh[-1]] = prompt_len - (len(hits) + len(fresh) - 1) * B
             self._token_states += prompt_len - len(hits) * B
         for i in range(len(hits), min(len(keys), len(hits) + len(fresh))):
+            if keys[i] in self._cached:  # still cached, but its parent was evicted: keep that copy
+                continue
             b = fresh[i - len(hits)]  # a full block with a known identity: index it (the cache holds a ref)
             self._cached[keys[i]] = b
             self._key_of[b] = keys[i]
@@ -202,13 +214,13 @@ class PagedAllocator(KVAllocator):
         blocks = hits + fresh
         if len(seq_ids) > 1:
             self._ever_shared = True
-        for k, s in enumerate(seq_ids):
+        for k, (s, final) in enumerate(zip(seq_ids, final_lengths(final_len, len(seq_ids)))):
             if k:
                 for b in blocks:
                     pool.share(b)
             self._tables[s] = list(blocks)
             self._kv[s] = prompt_len
-            self._final[s] = final_len
+            self._final[s] = final
             self._enter(s)
         # Prefill must compute at least the last prompt token to sample the first output.
         return min(len(hits) * B, prompt_len - 1)

@@ -151,12 +151,14 @@ class Simulation:
                 yield env.timeout(compute + float(durations.sum()))
                 sched.complete(step, env.now, durations)
                 continue
-            state = self._state(replica, sched.alloc.usage())
-            if swap and replica.pcie is not None:
+            overlap = bool(swap) and replica.pcie is not None
+            # Rows are written as steps start, so they stay in time order across replicas.
+            self._record(replica, step, start, max(compute, swap) if overlap else compute + swap, 1,
+                         self._state(replica, sched.alloc.usage()), swap)
+            if overlap:
                 yield env.all_of([env.timeout(compute), env.process(self._transfer(replica, swap))])
             else:
                 yield env.timeout(compute + swap)
-            self._record(replica, step, start, env.now - start, 1, state, swap)
             sched.complete(step, env.now)
 
     def _transfer(self, replica: Replica, seconds: float):

@@ -103,10 +103,11 @@ def summarize(
     out["output_throughput"] = float(out_tokens) / duration
     out["total_token_throughput"] = float(out_tokens + done["prompt_tokens"].sum()) / duration
 
+    # A group runs until its longest sample ends: per-token latencies use the tokens it generated.
     ttft = (done["first_token_s"] - done["arrival_s"]).to_numpy(float)
     e2el = (done["finish_s"] - done["arrival_s"]).to_numpy(float)
-    multi = done[done["output_tokens"] > 1]
-    tpot = ((multi["finish_s"] - multi["first_token_s"]) / (multi["output_tokens"] - 1)).to_numpy(float)
+    multi = done[done["generated_tokens"] > 1]
+    tpot = ((multi["finish_s"] - multi["first_token_s"]) / (multi["generated_tokens"] - 1)).to_numpy(float)
     _stats("ttft", ttft, out)
     _stats("tpot", tpot, out)
     _stats("e2el", e2el, out)
@@ -118,11 +119,12 @@ def summarize(
     if slo_ttft_ms is not None:
         good &= ttft * 1000 <= slo_ttft_ms
     if slo_tpot_ms is not None:
-        tpot_all = np.where(done["output_tokens"] > 1,
-                            (done["finish_s"] - done["first_token_s"]) / (done["output_tokens"] - 1).clip(lower=1), 0.0)
+        tpot_all = np.where(done["generated_tokens"] > 1,
+                            (done["finish_s"] - done["first_token_s"]) / (done["generated_tokens"] - 1).clip(lower=1),
+                            0.0)
         good &= tpot_all * 1000 <= slo_tpot_ms
     out["request_goodput"] = float(good.sum()) / duration
-    out["normalized_latency_s_per_token"] = float((e2el / done["output_tokens"].to_numpy(float)).mean()) if len(done) else float("nan")
+    out["normalized_latency_s_per_token"] = float((e2el / done["generated_tokens"].to_numpy(float)).mean()) if len(done) else float("nan")
 
     totals = steps if isinstance(steps, StepTotals) else StepTotals.from_frame(steps, window)
     counters = totals.counters

@@ -92,7 +92,7 @@ class Scheduler:
         self.on_terminal = on_terminal  # called once per request when it ends
         self.waiting: deque[SequenceGroup] = deque()
         self.running: list[SequenceGroup] = []  # sorted by arrival
-        self.swapped: deque[SequenceGroup] = deque()
+        self.swapped: list[SequenceGroup] = []  # sorted by arrival: swap-in takes the oldest first
         self.watermark_slots = int(limits.watermark * allocator.capacity)
         #: why the head of the waiting queue was not admitted (None: nothing waits)
         self.blocked: Admission | str | None = None
@@ -125,7 +125,10 @@ class Scheduler:
             group.prefix = prefix_contents(request, self.alloc.block_size)
         if group.beam_width > 1:
             self.beam_groups += 1
-        if request.prompt_tokens > limit:
+        if k > self.limits.max_num_seqs:
+            self._end(group, Status.REJECTED, f"{k} sequences (samples or beams) exceed max_num_seqs "
+                      f"{self.limits.max_num_seqs}")
+        elif request.prompt_tokens > limit:
             self._end(group, Status.REJECTED, f"prompt of {request.prompt_tokens} tokens exceeds max_seq_len {limit}")
         elif request.prompt_tokens + group.max_output > limit:
             total = request.prompt_tokens + group.max_output
@@ -160,7 +163,7 @@ class Scheduler:
         seqs = alloc.resident_kv()[0]  # every sequence on the GPU is running
         while self.waiting:
             g = self.waiting[0]
-            final = g.max_final_len
+            final = [g.final_len(s) for s in g.seq_ids]
             verdict = alloc.check_admit(g.prompt_len, final, g.num_live, self.watermark_slots, g.prefix)
             if verdict is Admission.NEVER:
                 self.waiting.popleft()
@@ -273,13 +276,13 @@ class Scheduler:
             room = self.watermark_slots + g.num_live * alloc.block_size
             verdict = alloc.check_swap_in(g.seq_ids, room)
             if verdict is Admission.NEVER:
-                self.swapped.popleft()
+                self.swapped.pop(0)
                 self._free_all(g)
                 self._end(g, Status.ABORTED, "swapped-out group can no longer fit in GPU memory")
                 continue
             if verdict is not Admission.OK:
                 return
-            self.swapped.popleft()
+            self.swapped.pop(0)
             moved = alloc.swap_in(g.seq_ids)
             g.swapped_in_blocks += moved.blocks
             step.swap_in_blocks += moved.blocks
@@ -293,7 +296,9 @@ class Scheduler:
     def _preempt(self, g: SequenceGroup, step: Step) -> None:
         g.preemptions += 1
         mode = self.limits.preemption
-        if mode == "auto":
+        if mode == "auto" or g.num_live > 1:
+            # vLLM's rule: samples and beams hold different tokens after the shared prompt,
+            # so a multi-sequence group is swapped, never recomputed.
             mode = "swap" if g.num_live > 1 else "recompute"
         if mode == "swap":
             if self.alloc.can_swap_out(g.seq_ids):
@@ -302,12 +307,15 @@ class Scheduler:
                 step.swap_out_blocks += moved.blocks
                 step.swap_out_slots += self._moved_slots(moved)
                 g.status = Status.SWAPPED
-                self.swapped.append(g)
+                bisect.insort(self.swapped, g, key=lambda x: x.sort_key)
                 step.preempted_swap += 1
                 return
-            if self.limits.swap_fallback == "abort":
+            if self.limits.swap_fallback == "abort" or g.num_live > 1:
                 self._free_all(g)
-                self._end(g, Status.ABORTED, "CPU swap space exhausted")
+                reason = "CPU swap space exhausted"
+                if g.num_live > 1 and self.limits.swap_fallback != "abort":
+                    reason += " (a multi-sequence group cannot be recomputed)"
+                self._end(g, Status.ABORTED, reason)
                 step.aborted += 1
                 return
         self._recompute(g)

@@ -90,3 +90,17 @@ def test_random_operations_with_cache_keep_invariants(ops):
     for s in live:
         a.free(s)
     assert a.num_free_blocks == 16
+
+
+def test_child_block_cached_after_its_parent_was_evicted_is_kept_consistent():
+    a = PagedAllocator(num_blocks=4, block_size=2, prefix_caching=True)
+    a.admit([0], 4, 5, contents("p", 2))
+    a.free(0)  # p0, p1 unreferenced, p0 least recently used
+    a.admit([1], 6, 7)  # 3 blocks: 2 free + evicts p0; p1 stays cached without its parent
+    a.free(1)
+    assert a.evictions == 1
+    assert a.admit([2], 4, 5, contents("p", 2)) == 0  # the chain breaks at p0: no hit
+    a.check()  # p1's cache entry still points at one block, indexed once
+    a.free(2)
+    assert a.admit([3], 4, 5, contents("p", 2)) == 3  # whole chain cached again
+    a.check()

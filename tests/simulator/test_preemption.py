@@ -52,17 +52,51 @@ def test_swap_space_exhausted_aborts_with_reason(simulate):
     assert set(df["status"]) == {"finished", "aborted"}
 
 
-@pytest.mark.parametrize("mode,expect_swap", [("auto", True), ("recompute", False)])
-def test_auto_swaps_multi_sequence_groups_and_recomputes_single(simulate, mode, expect_swap):
+@pytest.mark.parametrize("mode", ["auto", "recompute"])
+def test_single_sequence_groups_recompute_and_multi_sequence_groups_swap(simulate, mode):
     reqs = heavy(60, seed=1, n=3) + [Request(1000 + i, 0.6 + i * 0.01, 200, 300) for i in range(60)]
     reqs.sort(key=lambda r: r.arrival_time)
     reqs = [Request(i, r.arrival_time, r.prompt_tokens, r.output_tokens, n=r.n) for i, r in enumerate(reqs)]
     _, df, steps = simulate(reqs, num_blocks=120, swap_blocks=400, preemption=mode)
-    assert (steps["preempted_swap"].sum() > 0) == expect_swap
-    if mode == "auto":
-        swapped = df[df.swapped_out_blocks > 0]
-        assert (swapped["num_seqs"] == 3).all()  # only multi-sequence groups swap
+    assert steps["preempted_swap"].sum() > 0 and steps["preempted_recompute"].sum() > 0
+    # Samples hold different tokens after the prompt: their groups are swapped, never recomputed.
+    assert (df.loc[df.swapped_out_blocks > 0, "num_seqs"] == 3).all()
+    assert (df.loc[df.recomputed_tokens > 0, "num_seqs"] == 1).all()
     assert (df.status == "finished").all()
+
+
+def test_multi_sequence_group_without_swap_space_is_aborted_with_reason(simulate):
+    reqs = heavy(40, seed=4, n=2)
+    _, df, _ = simulate(reqs, num_blocks=60, swap_blocks=0, preemption="recompute")
+    aborted = df[df.status == "aborted"]
+    assert len(aborted) > 0
+    assert aborted["reason"].str.contains("cannot be recomputed").all()
+
+
+def test_swapped_groups_come_back_oldest_first():
+    from simulator.scheduler import Scheduler, SchedulerLimits
+
+    s = Scheduler(PagedAllocator(30, 4, swap_blocks=60), SchedulerLimits(max_seq_len=4096, watermark=0.0,
+                                                                           preemption="swap"), lambda g: None)
+    for i in range(4):
+        s.add(Request(i, i * 0.1, 4, 30, n=2), i * 0.1)
+    now = 1.0
+    for _ in range(200):  # bounded: the memory runs out within a few dozen steps
+        step = s.schedule(now)
+        now += 0.01
+        s.complete(step, now)
+        if len(s.swapped) >= 2:
+            break
+    order = [g.request.request_id for g in s.swapped]
+    assert len(order) >= 2
+    assert order == sorted(order)  # victims are the latest arrivals, but the queue is by arrival
+
+
+def test_group_wider_than_max_num_seqs_is_rejected_not_stalled(simulate):
+    _, df, _ = simulate([Request(0, 0.0, 10, 5, n=8), Request(1, 0.1, 10, 5)], max_num_seqs=4)
+    assert df.set_index("request_id").loc[0, "status"] == "rejected"
+    assert "max_num_seqs" in df.set_index("request_id").loc[0, "reason"]
+    assert df.set_index("request_id").loc[1, "status"] == "finished"
 
 
 def test_recompute_pays_the_prefill_again(simulate):

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from policies.kv_allocator import Admission
 from policies.paged_allocator import PagedAllocator
 from simulator.engine import SimulationStalled
 from simulator.memory_classes import CLASSES
@@ -117,7 +118,11 @@ def test_same_input_gives_identical_results(simulate):
 
 
 def test_impossible_progress_stops_with_a_clear_message(simulate):
-    # 4 samples can never run under max_num_seqs 2: the run must stop, not hang.
-    reqs = [Request(0, 0.0, 10, 5, n=4)]
-    with pytest.raises(SimulationStalled, match="request 0"):
-        simulate(reqs, num_blocks=64, max_num_seqs=2)
+    class NeverRoom(PagedAllocator):
+        """An allocator that always says there is no space: nothing can ever run."""
+
+        def check_admit(self, *args, **kwargs):
+            return Admission.NO_SPACE
+
+    with pytest.raises(SimulationStalled, match="request 0 .* can never be scheduled"):
+        simulate([Request(0, 0.0, 10, 5)], allocator=lambda: NeverRoom(64, 16))
