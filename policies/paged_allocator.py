@@ -71,6 +71,7 @@ class PagedAllocator(KVAllocator):
         self._res_blocks = 0  # sum of block-table lengths (a shared block counted per holder)
         self._res_over = 0  # sum of max(0, table slots - final length): slots no token will fill
         self._ever_shared = prefix_caching  # once blocks are shared, usage() walks the tables
+        self._probe: tuple | None = None  # (sequence list, their lengths) from the last max_advance
         self.prefix_lookups = 0  # cacheable prompt blocks looked up
         self.prefix_hits = 0  # ... and found
         self.evictions = 0
@@ -358,6 +359,7 @@ class PagedAllocator(KVAllocator):
             return 0
         B, rc, tables = self.block_size, self.pool._refcount, self._tables
         kv = np.fromiter((self._kv[s] for s in seq_ids), np.int64, len(seq_ids))
+        self._probe = (seq_ids, kv)  # advance() right after reuses these lengths
         for s, n in zip(seq_ids, kv.tolist()):
             if n % B and rc[tables[s][-1]] > 1:
                 return 0
@@ -387,7 +389,12 @@ class PagedAllocator(KVAllocator):
         """
         B, n = self.block_size, len(seq_ids)
         kv, final_of, tables = self._kv, self._final, self._tables
-        kv0 = np.fromiter((kv[s] for s in seq_ids), np.int64, n)
+        probe = self._probe
+        self._probe = None
+        if probe is not None and probe[0] is seq_ids:
+            kv0 = probe[1]
+        else:
+            kv0 = np.fromiter((kv[s] for s in seq_ids), np.int64, n)
         final = np.fromiter((final_of[s] for s in seq_ids), np.int64, n)
         i = np.arange(1, steps + 1, dtype=np.int64)
         kv1 = kv0 + steps
@@ -412,11 +419,14 @@ class PagedAllocator(KVAllocator):
             over_near, over0_near = np.zeros(steps, np.int64), 0
         # Apply: extend the tables that cross a boundary, bump every length.
         filled = self._filled
-        for j in np.flatnonzero(extra).tolist():
-            s, e = seq_ids[j], int(extra[j])
-            table = tables[s]
+        crossing = np.flatnonzero(extra)
+        fresh = self._take_many(int(extra.sum()))  # fresh blocks read as full
+        at = 0
+        for j, e in zip(crossing.tolist(), extra[crossing].tolist()):
+            table = tables[seq_ids[j]]
             filled[table[-1]] = B  # the old last block is full now
-            table.extend(self._take_many(e))  # fresh blocks read as full
+            table.extend(fresh[at:at + e])
+            at += e
         kv.update(zip(seq_ids, kv1.tolist()))
         self._token_states += n * steps
         self._res_kv += n * steps
