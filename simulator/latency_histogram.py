@@ -38,20 +38,25 @@ class LatencyHistogram:
         if len(seconds) == 0:
             return
         first, last = float(seconds[0]), float(seconds[-1])
-        if first > 0 and last > 0:
-            b = math.floor(math.log(first) / _LOG_BASE)
-            if b == math.floor(math.log(last) / _LOG_BASE) and first <= last:  # a run's gaps only grow
-                c = self._counts
-                c[b] = c.get(b, 0) + len(seconds) * times
-                self.total += float(seconds.sum()) * times
-                self.count += len(seconds) * times
-                return
+        if 0 < first <= last and (len(seconds) < 3 or np.all(seconds[1:] >= seconds[:-1])):
+            # A run's gaps only grow: cut the sorted values at the bucket edges they span.
+            b0 = math.floor(math.log(first) / _LOG_BASE)
+            b1 = math.floor(math.log(last) / _LOG_BASE)
+            if b0 == b1:
+                counts = [len(seconds)]
+            else:
+                edges = np.exp(np.arange(b0 + 1, b1 + 1) * _LOG_BASE)
+                cuts = np.searchsorted(seconds, edges, side="left")
+                counts = np.diff(np.concatenate(([0], cuts, [len(seconds)]))).tolist()
+            c = self._counts
+            for b, n in zip(range(b0, b1 + 1), counts):
+                if n:
+                    c[b] = c.get(b, 0) + n * times
+            self.total += float(seconds.sum()) * times
+            self.count += len(seconds) * times
+            return
         buckets = np.floor(np.log(np.maximum(seconds, 1e-300)) / _LOG_BASE).astype(np.int64)
-        if len(buckets) > 1 and np.all(buckets[1:] >= buckets[:-1]):  # a run's gaps only grow
-            starts = np.flatnonzero(np.r_[True, buckets[1:] != buckets[:-1]])
-            uniq, counts = buckets[starts], np.diff(np.r_[starts, len(buckets)])
-        else:
-            uniq, counts = np.unique(buckets, return_counts=True)
+        uniq, counts = np.unique(buckets, return_counts=True)
         c = self._counts
         for b, n in zip(uniq.tolist(), counts.tolist()):
             c[b] = c.get(b, 0) + n * times
