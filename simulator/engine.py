@@ -24,7 +24,7 @@ from policies.kv_allocator import KVAllocator, MemoryUsage
 from simulator.cost_model.base import CostModel
 from simulator.memory_classes import classify
 from simulator.metrics import RequestLog, request_row
-from simulator.scheduler import Scheduler, SchedulerLimits, Step
+from simulator.scheduler import Scheduler, SchedulerSettings, Step
 from simulator.sequence import SequenceGroup
 from simulator.step_log import StepLog, Window
 from traces import Request
@@ -80,7 +80,7 @@ class Simulation:
         requests: Iterable[Request],
         make_allocator: Callable[[], KVAllocator],
         make_cost: Callable[[], CostModel],
-        limits: SchedulerLimits,
+        limits: SchedulerSettings,
         num_replicas: int = 1,
         router: str = "round_robin",
         macro_steps: bool = True,

@@ -19,7 +19,7 @@ from simulator.cost_model.roofline import RooflineCostModel, RooflineParams
 from simulator.engine import Simulation
 from simulator.latency_histogram import LatencyHistogram
 from simulator.metrics import request_frame, summarize
-from simulator.scheduler import SchedulerLimits
+from simulator.scheduler import SchedulerSettings
 from simulator.workload import build_requests
 from traces import Request
 
@@ -72,9 +72,9 @@ def make_cost_factory(cfg: ExperimentConfig, base_dir: Path) -> Callable[[], Cos
     return lambda: RooflineCostModel(cfg.model.spec, hw.spec, hw.tensor_parallel, block, kernel, params, hw.pcie)
 
 
-def scheduler_limits(cfg: ExperimentConfig) -> SchedulerLimits:
+def scheduler_settings(cfg: ExperimentConfig) -> SchedulerSettings:
     _, _, request_level = allocator_settings(cfg)
-    return SchedulerLimits(
+    return SchedulerSettings(
         max_num_seqs=cfg.scheduler.max_num_seqs,
         max_num_batched_tokens=cfg.max_num_batched_tokens,
         max_seq_len=cfg.model.context_len,
@@ -108,7 +108,7 @@ def run_experiment(cfg: ExperimentConfig, base_dir: Path = Path("."),
     if requests is None:
         requests = build_requests(cfg.workload, base_dir=base_dir, seed=cfg.seed, max_seq_len=cfg.model.context_len)
     sim = Simulation(requests, make_allocator_factory(cfg), make_cost_factory(cfg, base_dir),
-                     scheduler_limits(cfg), cfg.hardware.num_replicas, cfg.scheduler.router,
+                     scheduler_settings(cfg), cfg.hardware.num_replicas, cfg.scheduler.router,
                      macro_steps=cfg.scheduler.macro_steps, overlap_swap=cfg.preemption.overlap_swap,
                      keep_steps=cfg.metrics.step_table, window=cfg.metrics.measurement_window)
     sim.run()

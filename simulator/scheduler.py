@@ -36,8 +36,11 @@ from traces import Request
 
 
 @dataclass(frozen=True)
-class SchedulerLimits:
-    """Batch limits and policies; token counts are tokens, ``watermark`` a share of KV slots."""
+class SchedulerSettings:
+    """Batch limits, preemption and decoding policies: everything the scheduler decides by.
+
+    Token counts are tokens, ``watermark`` a share of KV slots.
+    """
 
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 4096
@@ -86,7 +89,7 @@ class Step:
 class Scheduler:
     """Owns the waiting, running and swapped queues of one replica."""
 
-    def __init__(self, allocator: KVAllocator, limits: SchedulerLimits, on_terminal: Callable[[SequenceGroup], None]):
+    def __init__(self, allocator: KVAllocator, limits: SchedulerSettings, on_terminal: Callable[[SequenceGroup], None]):
         self.alloc = allocator
         self.limits = limits
         self.on_terminal = on_terminal  # called once per request when it ends

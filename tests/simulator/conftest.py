@@ -4,14 +4,14 @@ from policies.paged_allocator import PagedAllocator
 from simulator.cost_model import GPUS, MODELS, RooflineCostModel
 from simulator.engine import Simulation
 from simulator.metrics import request_frame
-from simulator.scheduler import SchedulerLimits
+from simulator.scheduler import SchedulerSettings
 
 
 def _simulate(requests, num_blocks=64, block_size=16, swap_blocks=0, allocator=None, **limits):
     limits.setdefault("max_seq_len", 4096)
     make_alloc = allocator or (lambda: PagedAllocator(num_blocks, block_size, swap_blocks))
     sim = Simulation(requests, make_alloc, lambda: RooflineCostModel(MODELS["llama-2-7b"], GPUS["a100-80gb"]),
-                     SchedulerLimits(**limits))
+                     SchedulerSettings(**limits))
     sim.run()
     return sim, request_frame(sim.request_rows), sim.steps.frame()
 

@@ -12,7 +12,7 @@ from simulator.cost_model import GPUS, MODELS, RooflineCostModel
 from simulator.engine import Simulation
 from simulator.memory_classes import CLASSES
 from simulator.metrics import request_frame, summarize
-from simulator.scheduler import SchedulerLimits
+from simulator.scheduler import SchedulerSettings
 from traces import Request
 
 
@@ -47,7 +47,7 @@ TRACES = {
 def run(requests, make_alloc, macro, **limits):
     limits.setdefault("max_seq_len", 2048)
     cost = lambda: RooflineCostModel(MODELS["llama-2-7b"], GPUS["a100-80gb"])  # noqa: E731
-    sim = Simulation(requests, make_alloc, cost, SchedulerLimits(**limits), macro_steps=macro)
+    sim = Simulation(requests, make_alloc, cost, SchedulerSettings(**limits), macro_steps=macro)
     sim.run()
     df = request_frame(sim.request_rows)
     steps = sim.steps.frame()
@@ -90,7 +90,7 @@ def test_totals_without_rows_equal_totals_from_rows(window):
     sims = []
     for keep in (True, False):
         cost = lambda: RooflineCostModel(MODELS["llama-2-7b"], GPUS["a100-80gb"])  # noqa: E731
-        sim = Simulation(reqs, ALLOCATORS["paged-16"], cost, SchedulerLimits(max_seq_len=2048, preemption="swap"),
+        sim = Simulation(reqs, ALLOCATORS["paged-16"], cost, SchedulerSettings(max_seq_len=2048, preemption="swap"),
                          keep_steps=keep, window=window)
         sim.run()
         sims.append(sim)

@@ -74,9 +74,9 @@ def test_multi_sequence_group_without_swap_space_is_aborted_with_reason(simulate
 
 
 def test_swapped_groups_come_back_oldest_first():
-    from simulator.scheduler import Scheduler, SchedulerLimits
+    from simulator.scheduler import Scheduler, SchedulerSettings
 
-    s = Scheduler(PagedAllocator(30, 4, swap_blocks=60), SchedulerLimits(max_seq_len=4096, watermark=0.0,
+    s = Scheduler(PagedAllocator(30, 4, swap_blocks=60), SchedulerSettings(max_seq_len=4096, watermark=0.0,
                                                                            preemption="swap"), lambda g: None)
     for i in range(4):
         s.add(Request(i, i * 0.1, 4, 30, n=2), i * 0.1)
@@ -120,14 +120,14 @@ def test_recompute_pays_the_prefill_again(simulate):
 def test_overlapping_swaps_with_compute_never_slows_a_step(simulate):
     from simulator.engine import Simulation
     from simulator.metrics import request_frame
-    from simulator.scheduler import SchedulerLimits
+    from simulator.scheduler import SchedulerSettings
 
     reqs = heavy(150, seed=3)
     finish = {}
     for overlap in (False, True):
         sim = Simulation(reqs, lambda: PagedAllocator(80, 16, swap_blocks=300),
                          lambda: RooflineCostModel(MODELS["llama-2-7b"], GPUS["a100-80gb"]),
-                         SchedulerLimits(max_seq_len=4096, preemption="swap"), overlap_swap=overlap)
+                         SchedulerSettings(max_seq_len=4096, preemption="swap"), overlap_swap=overlap)
         sim.run()
         steps = sim.steps.frame()
         swapping = steps[steps.swap_s > 0]

@@ -7,7 +7,7 @@ from policies.kv_allocator import Admission
 from policies.paged_allocator import PagedAllocator
 from simulator.engine import SimulationStalled
 from simulator.memory_classes import CLASSES
-from simulator.scheduler import Scheduler, SchedulerLimits
+from simulator.scheduler import Scheduler, SchedulerSettings
 from simulator.sequence import Status
 from traces import Request
 
@@ -15,7 +15,7 @@ from traces import Request
 def make_scheduler(num_blocks=8, block_size=4, **limits):
     ended = []
     limits.setdefault("max_seq_len", 4096)
-    s = Scheduler(PagedAllocator(num_blocks, block_size), SchedulerLimits(**limits), ended.append)
+    s = Scheduler(PagedAllocator(num_blocks, block_size), SchedulerSettings(**limits), ended.append)
     return s, ended
 
 
