@@ -230,10 +230,10 @@ class PagedAllocator(KVAllocator):
     def try_append(self, seq_ids: Sequence[int]) -> bool:
         B = self.block_size
         kv, tables, rc = self._kv, self._tables, self.pool._refcount
-        need = 0
-        for s in seq_ids:
-            if kv[s] % B == 0 or rc[tables[s][-1]] > 1:
-                need += 1
+        if self._ever_shared:  # a shared, partly filled last block is copied first
+            need = sum(1 for s in seq_ids if kv[s] % B == 0 or rc[tables[s][-1]] > 1)
+        else:
+            need = sum(1 for s in seq_ids if kv[s] % B == 0)
         if need > self.pool.num_free + len(self._evictable):
             return False
         filled, pool, final = self._filled, self.pool, self._final
@@ -360,9 +360,10 @@ class PagedAllocator(KVAllocator):
         B, rc, tables = self.block_size, self.pool._refcount, self._tables
         kv = np.fromiter((self._kv[s] for s in seq_ids), np.int64, len(seq_ids))
         self._probe = (seq_ids, kv)  # advance() right after reuses these lengths
-        for s, n in zip(seq_ids, kv.tolist()):
-            if n % B and rc[tables[s][-1]] > 1:
-                return 0
+        if self._ever_shared:  # a shared, partly filled last block means a copy next step
+            for s, n in zip(seq_ids, kv.tolist()):
+                if n % B and rc[tables[s][-1]] > 1:
+                    return 0
         free = self.num_free_blocks
         now = -(-kv // B)
 
