@@ -190,6 +190,12 @@ class ExperimentConfig(Strict):
             )
         if self.kv_slots < self.allocator.block_size:
             raise ValueError(f"KV cache of {self.kv_slots} slots holds less than one block")
+        trace = self.workload.trace
+        if self.allocator.prefix_caching and trace is not None and trace.hash_block_tokens % self.allocator.block_size:
+            raise ValueError(
+                f"allocator.block_size {self.allocator.block_size} must divide the trace's hash block of "
+                f"{trace.hash_block_tokens} tokens (workload.trace.hash_block_tokens) for prefix caching"
+            )
         if self.max_num_batched_tokens < self.model.context_len:
             raise ValueError(
                 f"scheduler.max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= the model's "
@@ -261,7 +267,7 @@ def _format_errors(err: ValidationError, source: str, lines: dict[tuple, int], o
     msgs = []
     for e in err.errors():
         loc = tuple(x for x in e["loc"] if not (isinstance(x, str) and x.startswith("function-")))
-        key = ".".join(str(x) for x in loc) or "(top level)"
+        key = ".".join(str(x) for x in loc)  # empty: a check across sections names its keys itself
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown key"
@@ -282,7 +288,7 @@ def _format_errors(err: ValidationError, source: str, lines: dict[tuple, int], o
             if loc[:n] in lines:
                 where = f"{source}:{lines[loc[:n]]}"
                 break
-        msgs.append(f"{where}: {key}: {msg}")
+        msgs.append(f"{where}: {key}: {msg}" if key else f"{where}: {msg}")
     return "\n".join(msgs)
 
 

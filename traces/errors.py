@@ -14,8 +14,13 @@ class TraceError(ValueError):
         self.path = str(path)
         self.line = line
         self.problem = problem
-        where = f"{self.path}:{line}" if line is not None else self.path
-        super().__init__(f"{where}: {problem}")
+        # args hold the constructor's arguments, so the error can be re-created (SimPy re-raises
+        # a process's exception as type(e)(*e.args)) and pickled (sweep workers).
+        super().__init__(self.path, line, problem)
+
+    def __str__(self) -> str:
+        where = f"{self.path}:{self.line}" if self.line is not None else self.path
+        return f"{where}: {self.problem}"
 
 
 class TraceWarning(UserWarning):

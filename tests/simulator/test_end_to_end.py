@@ -65,3 +65,18 @@ def test_resolved_config_of_a_trace_run_loads_again(tmp_path):
     run_dir = write_run(result, tmp_path / "r", plot=False)
     again, _ = load_config(run_dir / "config.yaml")
     assert config_hash(again) == config_hash(result.config)
+
+
+def test_bad_trace_row_found_mid_run_is_one_clear_error(tmp_path, capsys):
+    from simulator.cli import main
+
+    bad = tmp_path / "bad.csv"
+    bad.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                   "2023-11-16 18:15:46.6805900,374,44\n2023-11-16 18:15:47.6805900,abc,44\n")
+    empty = tmp_path / "empty.csv"
+    empty.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n")
+    for path, line in ((bad, ":3:"), (empty, "")):
+        assert main(["run", str(QUICKSTART), "--set", f"workload.trace.path={path}", "--no-plot",
+                     "--out", str(tmp_path / "res")]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {path}{line}") and "Traceback" not in err
