@@ -6,7 +6,11 @@ pure functions so the scheduler stays a story about queues.
 
 from __future__ import annotations
 
+import bisect
+import itertools
+import math
 from collections.abc import Hashable
+from functools import lru_cache
 
 import numpy as np
 
@@ -29,17 +33,29 @@ def sample_targets(request: Request, policy: str, rng: np.random.Generator, max_
     return [int(min(max(d, 1), cap)) for d in draws]
 
 
+@lru_cache(maxsize=256)
+def _parent_cdf(width: int, concentration: float) -> tuple[float, ...]:
+    """Cumulative probability of choosing each rank as a parent."""
+    weights = [math.exp(-concentration * rank) for rank in range(width)]
+    total = sum(weights)
+    return tuple(itertools.accumulate(w / total for w in weights))
+
+
 def beam_parent_counts(width: int, concentration: float, rng: np.random.Generator) -> list[int]:
     """How many of the next step's ``width`` beams descend from each current beam (best first).
 
     Each new beam picks its parent independently with probability proportional to
     ``exp(-concentration * rank)``: 0 is uniform; larger values favour the best
     beams, as a sharp next-token distribution does. A beam picked by nobody dies;
-    one picked m times forks into m.
+    one picked m times forks into m. (Inverse-CDF sampling in plain Python: this runs
+    for every beam group at every step, and beams are few.)
     """
-    weights = np.exp(-concentration * np.arange(width))
-    picks = rng.choice(width, size=width, p=weights / weights.sum())
-    return np.bincount(picks, minlength=width).tolist()
+    cdf = _parent_cdf(width, concentration)
+    counts = [0] * width
+    last = width - 1
+    for u in rng.random(width).tolist():
+        counts[min(bisect.bisect_right(cdf, u), last)] += 1
+    return counts
 
 
 def prefix_contents(request: Request, block_size: int) -> list[Hashable]:
