@@ -76,6 +76,11 @@ def system_color(i: int) -> str:
     return SYSTEM_COLORS[i % len(SYSTEM_COLORS)]
 
 
+def _system_line(ax, x, y, i: int, name: str) -> None:
+    """One system's line: the i-th colour and marker, so a system looks the same in every figure."""
+    ax.plot(x, y, marker=MARKERS[i % len(MARKERS)], ms=4, lw=1.8, color=system_color(i), label=name)
+
+
 def _save(fig, path: Path, formats: Sequence[str] | None = None) -> Path:
     """Write ``path``, or with ``formats`` one file per format next to it (the suffix
     replaced); return ``path``'s own file (the first one written if its suffix is not in
@@ -233,15 +238,7 @@ def plot_latency_vs_rate(
             order = np.argsort(np.asarray(rates, float))
             x = np.asarray(rates, float)[order]
             y = np.asarray(lat, float)[order]
-            ax.plot(
-                x,
-                y,
-                marker=MARKERS[i % len(MARKERS)],
-                ms=4,
-                lw=1.8,
-                color=system_color(i),
-                label=name,
-            )
+            _system_line(ax, x, y, i, name)
             finite = y[np.isfinite(y)]
             ymax = max(ymax, finite.max(initial=0.0))
         top = ymax * 1.08 if ymax > 0 else 1.0
@@ -315,15 +312,7 @@ def plot_block_size_sweep(
             ticks.update(int(v) for v in x)
             for ax, (col, _) in zip(axes, panels):
                 y = df[col].to_numpy(float) if col in df else np.full(len(x), np.nan)
-                ax.plot(
-                    x,
-                    y,
-                    marker=MARKERS[i % len(MARKERS)],
-                    ms=4,
-                    lw=1.8,
-                    color=system_color(i),
-                    label=name,
-                )
+                _system_line(ax, x, y, i, name)
         for ax, (_, label) in zip(axes, panels):
             ax.set_xscale("log", base=2)
             ax.set_xticks(sorted(ticks))
