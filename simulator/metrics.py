@@ -8,7 +8,6 @@ time-weighted: each step's snapshot weighs its duration.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable
 
 import numpy as np
 import pandas as pd
@@ -58,15 +57,6 @@ class RequestLog:
                                                                          else np.zeros(0)))
                            for c, v in self._cols.items()})
         return df.sort_values("request_id", kind="stable").reset_index(drop=True)
-
-
-def request_frame(rows: Iterable[tuple] | RequestLog) -> pd.DataFrame:
-    if isinstance(rows, RequestLog):
-        return rows.frame()
-    log = RequestLog()
-    for row in rows:
-        log.append(row)
-    return log.frame()
 
 
 def _stats(name: str, seconds: np.ndarray, out: dict) -> None:

@@ -18,7 +18,7 @@ from simulator.cost_model.base import CostModel
 from simulator.cost_model.roofline import RooflineCostModel, RooflineParams
 from simulator.engine import Simulation
 from simulator.latency_histogram import LatencyHistogram
-from simulator.metrics import request_frame, summarize
+from simulator.metrics import summarize
 from simulator.scheduler import SchedulerSettings
 from simulator.workload import build_requests
 from traces import Request
@@ -112,7 +112,7 @@ def run_experiment(cfg: ExperimentConfig, base_dir: Path = Path("."),
                      macro_steps=cfg.scheduler.macro_steps, overlap_swap=cfg.preemption.overlap_swap,
                      keep_steps=cfg.metrics.step_table, window=cfg.metrics.measurement_window)
     sim.run()
-    req_df = request_frame(sim.request_rows)
+    req_df = sim.request_rows.frame()
     steps = sim.steps.frame()  # empty when metrics.step_table is off
     itl = LatencyHistogram()
     for r in sim.replicas:

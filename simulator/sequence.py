@@ -71,7 +71,3 @@ class SequenceGroup:
     @property
     def max_output(self) -> int:
         return max(self.targets.values())
-
-    @property
-    def max_final_len(self) -> int:
-        return self.request.prompt_tokens + max(self.targets.values()) - 1

@@ -3,7 +3,6 @@ import pytest
 from policies.paged_allocator import PagedAllocator
 from simulator.cost_model import GPUS, MODELS, RooflineCostModel
 from simulator.engine import Simulation
-from simulator.metrics import request_frame
 from simulator.scheduler import SchedulerSettings
 
 
@@ -13,7 +12,7 @@ def _simulate(requests, num_blocks=64, block_size=16, swap_blocks=0, allocator=N
     sim = Simulation(requests, make_alloc, lambda: RooflineCostModel(MODELS["llama-2-7b"], GPUS["a100-80gb"]),
                      SchedulerSettings(**limits))
     sim.run()
-    return sim, request_frame(sim.request_rows), sim.steps.frame()
+    return sim, sim.request_rows.frame(), sim.steps.frame()
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from policies.paged_allocator import PagedAllocator
 from simulator.cost_model import GPUS, MODELS, RooflineCostModel
 from simulator.engine import Simulation
 from simulator.memory_classes import CLASSES
-from simulator.metrics import request_frame, summarize
+from simulator.metrics import summarize
 from simulator.scheduler import SchedulerSettings
 from traces import Request
 
@@ -49,7 +49,7 @@ def run(requests, make_alloc, macro, **limits):
     cost = lambda: RooflineCostModel(MODELS["llama-2-7b"], GPUS["a100-80gb"])  # noqa: E731
     sim = Simulation(requests, make_alloc, cost, SchedulerSettings(**limits), macro_steps=macro)
     sim.run()
-    df = request_frame(sim.request_rows)
+    df = sim.request_rows.frame()
     steps = sim.steps.frame()
     summary = summarize(df, steps, sim.replicas[0].scheduler.itl, sim.replicas[0].scheduler.alloc.capacity)
     return df, steps, summary

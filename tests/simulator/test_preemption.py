@@ -119,7 +119,6 @@ def test_recompute_pays_the_prefill_again(simulate):
 
 def test_overlapping_swaps_with_compute_never_slows_a_step(simulate):
     from simulator.engine import Simulation
-    from simulator.metrics import request_frame
     from simulator.scheduler import SchedulerSettings
 
     reqs = heavy(150, seed=3)
@@ -134,5 +133,5 @@ def test_overlapping_swaps_with_compute_never_slows_a_step(simulate):
         assert len(swapping) > 0
         # A step lasts at least its transfer: its own swap-ins are needed by its compute.
         assert (swapping.duration_s >= swapping.swap_s - 1e-12).all()
-        finish[overlap] = request_frame(sim.request_rows)["finish_s"].max()
+        finish[overlap] = sim.request_rows.frame()["finish_s"].max()
     assert finish[True] < finish[False]  # max(compute, transfer) < compute + transfer
