@@ -96,10 +96,12 @@ def summarize(
     # A group runs until its longest sample ends: per-token latencies use the tokens it generated.
     ttft = (done["first_token_s"] - done["arrival_s"]).to_numpy(float)
     e2el = (done["finish_s"] - done["arrival_s"]).to_numpy(float)
-    multi = done[done["generated_tokens"] > 1]
-    tpot = ((multi["finish_s"] - multi["first_token_s"]) / (multi["generated_tokens"] - 1)).to_numpy(float)
+    generated = done["generated_tokens"].to_numpy(float)
+    has_tpot = generated > 1  # a one-token request has no time per output token
+    tpot_all = np.where(has_tpot, (done["finish_s"] - done["first_token_s"]).to_numpy(float)
+                        / np.maximum(generated - 1, 1), 0.0)
     _stats("ttft", ttft, out)
-    _stats("tpot", tpot, out)
+    _stats("tpot", tpot_all[has_tpot], out)
     _stats("e2el", e2el, out)
     out["mean_itl_ms"] = itl.mean * 1000
     out["median_itl_ms"] = itl.quantile(0.5) * 1000
@@ -109,12 +111,9 @@ def summarize(
     if slo_ttft_ms is not None:
         good &= ttft * 1000 <= slo_ttft_ms
     if slo_tpot_ms is not None:
-        tpot_all = np.where(done["generated_tokens"] > 1,
-                            (done["finish_s"] - done["first_token_s"]) / (done["generated_tokens"] - 1).clip(lower=1),
-                            0.0)
         good &= tpot_all * 1000 <= slo_tpot_ms
     out["request_goodput"] = float(good.sum()) / duration
-    out["normalized_latency_s_per_token"] = float((e2el / done["generated_tokens"].to_numpy(float)).mean()) if len(done) else float("nan")
+    out["normalized_latency_s_per_token"] = float((e2el / generated).mean()) if len(done) else float("nan")
 
     totals = steps if isinstance(steps, StepTotals) else StepTotals.from_frame(steps, window)
     counters = totals.counters
