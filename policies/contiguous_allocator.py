@@ -15,6 +15,13 @@ own), ``internal_frag = region - target`` (over-reservation, including buddy
 rounding); ``free`` is the space's free slots. ``target`` rises with
 ``kv_len`` only if a sequence outgrows the ``final_len`` it was admitted with.
 Running totals keep ``usage()`` and ``try_append`` O(1).
+
+Lockstep clock: in a decode step every sequence on the GPU appends one slot, so
+``try_append_all`` and ``advance_all`` only move a shared clock (O(1) Python
+work however many sequences run). A resident sequence stores
+``kv_len = base + clock``; its headroom to its region and to its target are
+kept as per-sequence constants ``limit - base`` and ``target - base``, so
+"can everyone grow by k?" is one C-level ``min`` over a dict minus the clock.
 """
 
 from __future__ import annotations
@@ -22,14 +29,12 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 from policies.kv_allocator import (
     Admission,
     KVAllocator,
     MemoryUsage,
+    RunWeights,
     SwapResult,
-    UsageSeries,
     final_lengths,
 )
 from policies.reservation import RESERVATION_POLICIES, reservation_slots
@@ -114,13 +119,16 @@ class ContiguousAllocator(KVAllocator):
         # running sequences: seq_id -> ...
         self._offset: dict[int, int] = {}  # region offset
         self._limit: dict[int, int] = {}  # region size: kv_len may grow up to it
-        self._kv: dict[int, int] = {}  # tokens stored
+        self._base: dict[int, int] = {}  # kv_len - clock (tokens stored, off the clock)
         self._target: dict[int, int] = {}  # max(kv_len, min(final_len, region))
+        self._room_to_limit: dict[int, int] = {}  # region - base: appends left = this - clock
+        self._room_to_target: dict[int, int] = {}  # target - base: <= room_to_limit
         self._final: dict[int, int] = {}  # final_len it was admitted with
         self._reserve: dict[int, int] = {}  # slots asked of the space (before rounding)
         # swapped-out sequences: seq_id -> (kv_len, final_len, reservation)
         self._swapped: dict[int, tuple[int, int, int]] = {}
         self._cpu_used = 0  # swap slots in use
+        self._clock = 0  # lockstep appends made so far (kv_len = base + clock on the GPU)
         self._token_states = 0  # sum of kv_len over running sequences
         self._target_sum = 0  # sum of target over running sequences
 
@@ -160,10 +168,13 @@ class ContiguousAllocator(KVAllocator):
             )
         region = self._space.region_size(offset)
         target = max(kv_len, min(final_len, region))
+        base = kv_len - self._clock
         self._offset[seq_id] = offset
         self._limit[seq_id] = region
-        self._kv[seq_id] = kv_len
+        self._base[seq_id] = base
         self._target[seq_id] = target
+        self._room_to_limit[seq_id] = region - base
+        self._room_to_target[seq_id] = target - base
         self._final[seq_id] = final_len
         self._reserve[seq_id] = reserve
         self._token_states += kv_len
@@ -172,8 +183,8 @@ class ContiguousAllocator(KVAllocator):
     def _release(self, seq_id: int) -> tuple[int, int, int]:
         """Free a running sequence's region; return its (kv_len, final_len, reservation)."""
         self._space.free(self._offset.pop(seq_id))
-        del self._limit[seq_id]
-        kv_len = self._kv.pop(seq_id)
+        del self._limit[seq_id], self._room_to_limit[seq_id], self._room_to_target[seq_id]
+        kv_len = self._base.pop(seq_id) + self._clock
         self._token_states -= kv_len
         self._target_sum -= self._target.pop(seq_id)
         return kv_len, self._final.pop(seq_id), self._reserve.pop(seq_id)
@@ -182,12 +193,12 @@ class ContiguousAllocator(KVAllocator):
         if len(set(seq_ids)) != len(seq_ids):
             raise ValueError(f"duplicate sequence ids in {list(seq_ids)}")
         for s in seq_ids:
-            if s in self._kv or s in self._swapped:
+            if s in self._base or s in self._swapped:
                 raise ValueError(f"sequence {s} already holds memory")
 
     def _require_running(self, seq_ids: Sequence[int]) -> None:
         for s in seq_ids:
-            if s not in self._kv:
+            if s not in self._base:
                 raise ValueError(f"sequence {s} is not running on the GPU")
 
     # --- admission -----------------------------------------------------------------------
@@ -223,48 +234,82 @@ class ContiguousAllocator(KVAllocator):
 
     # --- growth and copies ---------------------------------------------------------------
     def try_append(self, seq_ids: Sequence[int]) -> bool:
-        """One more token for each sequence, inside its region; False if any region is full."""
-        kv, limit = self._kv, self._limit
+        """One more token for each sequence, inside its region; False if any region is full.
+
+        The per-sequence path: moves each sequence's base, not the clock, and
+        lets a sequence outgrow its target (``final_len``).
+        """
+        base, limit, clock = self._base, self._limit, self._clock
         for s in seq_ids:
-            if kv[s] >= limit[s]:
+            if base[s] + clock >= limit[s]:
                 return False
-        target = self._target
+        target, to_limit, to_target = self._target, self._room_to_limit, self._room_to_target
         for s in seq_ids:
-            n = kv[s] + 1
-            kv[s] = n
+            b = base[s] + 1
+            base[s] = b
+            to_limit[s] -= 1
+            n = b + clock
             if n > target[s]:  # grew past its final_len: the slot is a token, not a reservation
                 target[s] = n
                 self._target_sum += 1
+            to_target[s] = target[s] - b
         self._token_states += len(seq_ids)
         return True
 
-    def max_advance(self, seq_ids: Sequence[int], limit: int) -> int:
-        """Steps every region can still grow by while each sequence stays within its target.
+    def try_append_all(self) -> bool:
+        """One more token for every running sequence: moves the clock, O(1) Python work.
 
-        Within that bound each step turns one reserved slot per sequence into a
-        token, so the classes change linearly.
+        False (nothing changes) if any region is full. A sequence that would
+        outgrow its target goes through ``try_append``, which accounts for it.
         """
-        kv, limit_of, target = self._kv, self._limit, self._target
-        k = limit
-        for s in seq_ids:
-            room = min(limit_of[s], target[s]) - kv[s]
-            if room < k:
-                k = room
-        return max(k, 0)
+        if not self._base:
+            return True
+        clock = self._clock
+        if min(self._room_to_limit.values()) - clock < 1:
+            return False
+        if min(self._room_to_target.values()) - clock < 1:
+            return self.try_append(list(self._base))  # rare: someone outgrows its final_len
+        self._clock = clock + 1
+        self._token_states += len(self._base)
+        return True
 
-    def advance(self, seq_ids: Sequence[int], steps: int) -> UsageSeries:
-        n = len(seq_ids)
+    def max_advance_all(self, limit: int) -> int:
+        """Lockstep appends (<= ``limit``) that keep every sequence within its target.
+
+        ``target <= region`` always, so the target is the binding bound; within
+        it each append turns one reserved slot per sequence into a token and the
+        classes change linearly.
+        """
+        if not self._room_to_target:
+            return max(limit, 0)
+        return max(min(limit, min(self._room_to_target.values()) - self._clock), 0)
+
+    def advance_all(self, run: RunWeights) -> MemoryUsage:
+        """Make ``run.steps`` lockstep appends; return each class's integral in slot-seconds.
+
+        With ``n`` running sequences, after the ``i``-th append
+        ``token_states = T0 + n*i`` and ``reserved = R0 - n*i`` while
+        ``internal_frag`` and ``free`` stay put, so the integrals are
+        ``T0 * total + n * ramp`` and ``R0 * total - n * ramp``.
+        """
+        k = run.steps
+        if k < 0 or self.max_advance_all(k) < k:
+            raise ValueError(
+                f"cannot advance {k} lockstep steps: at most {self.max_advance_all(max(k, 0))}"
+            )
         u = self.usage()
-        kv = self._kv
-        for s in seq_ids:
-            kv[s] += steps
-        self._token_states += n * steps
-        i = np.arange(1, steps + 1, dtype=np.int64)
-        return UsageSeries(
-            token_states=u.token_states + n * i,
-            reserved=u.reserved - n * i,
-            internal_frag=np.full(steps, u.internal_frag, dtype=np.int64),
-            free=np.full(steps, u.free, dtype=np.int64),
+        n = len(self._base)
+        total, ramp = run.total, run.ramp
+        grown = n * ramp  # slot-seconds that moved from reserved to token_states
+        self._clock += k
+        self._token_states += n * k
+        return MemoryUsage(
+            capacity=self.capacity * total,
+            token_states=u.token_states * total + grown,
+            reserved=u.reserved * total - grown,
+            internal_frag=u.internal_frag * total,
+            free=u.free * total,
+            unshared=(self.capacity - u.free) * total,  # allocated: nothing is shared
         )
 
     def fork(self, parent: int, child: int, child_final_len: int) -> None:
@@ -275,7 +320,7 @@ class ContiguousAllocator(KVAllocator):
         """
         self._require_running([parent])
         self._require_new([child])
-        kv_len = self._kv[parent]
+        kv_len = self._base[parent] + self._clock
         if child_final_len < kv_len:
             raise ValueError(f"child_final_len {child_final_len} < parent's kv_len {kv_len}")
         reserve = self._reservation(kv_len, child_final_len)
@@ -289,12 +334,13 @@ class ContiguousAllocator(KVAllocator):
     def copy_into(self, src: int, dst: int) -> None:
         """Copy ``src``'s KV over ``dst``'s, in place: both regions stay where they are."""
         self._require_running([src, dst])
-        if self._kv[src] != self._kv[dst]:
-            raise ValueError(f"sequences {src} and {dst} hold {self._kv[src]} and {self._kv[dst]} tokens")
-        self.copied_blocks += self._kv[src]
+        src_len, dst_len = self.kv_len(src), self.kv_len(dst)
+        if src_len != dst_len:
+            raise ValueError(f"sequences {src} and {dst} hold {src_len} and {dst_len} tokens")
+        self.copied_blocks += src_len
 
     def free(self, seq_id: int) -> None:
-        if seq_id in self._kv:
+        if seq_id in self._base:
             self._release(seq_id)
         elif seq_id in self._swapped:
             self._cpu_used -= self._swapped.pop(seq_id)[0]
@@ -303,8 +349,9 @@ class ContiguousAllocator(KVAllocator):
 
     # --- swapping --------------------------------------------------------------------------
     def can_swap_out(self, seq_ids: Sequence[int]) -> bool:
-        kv = self._kv
-        return self._cpu_used + sum(kv[s] for s in seq_ids) <= self.swap_capacity_slots
+        base = self._base
+        stored = sum(base[s] for s in seq_ids) + len(seq_ids) * self._clock
+        return self._cpu_used + stored <= self.swap_capacity_slots
 
     def swap_out(self, seq_ids: Sequence[int]) -> SwapResult:
         """Copy each sequence's used span to CPU (one transfer per region) and free its region."""
@@ -344,8 +391,8 @@ class ContiguousAllocator(KVAllocator):
     # --- observation ----------------------------------------------------------------------
     def kv_len(self, seq_id: int) -> int:
         """Tokens stored, on the GPU or (if swapped out) on the CPU."""
-        if seq_id in self._kv:
-            return self._kv[seq_id]
+        if seq_id in self._base:
+            return self._base[seq_id] + self._clock
         return self._swapped[seq_id][0]
 
     def region(self, seq_id: int) -> tuple[int, int]:
@@ -363,7 +410,7 @@ class ContiguousAllocator(KVAllocator):
         return self._cpu_used
 
     def resident_kv(self) -> tuple[int, int]:
-        return len(self._kv), self._token_states
+        return len(self._base), self._token_states
 
     def usage(self) -> MemoryUsage:
         free = self._space.free_slots
@@ -384,16 +431,25 @@ class ContiguousAllocator(KVAllocator):
         live = {self._offset[s]: s for s in self._offset}
         assert len(live) == len(self._offset), "two sequences share a region offset"
         assert set(live) == {o for o, _ in space.regions()}, "regions and sequences disagree"
+        running = set(self._offset)
+        for name in ("_limit", "_base", "_target", "_final", "_reserve", "_room_to_limit",
+                     "_room_to_target"):
+            assert set(getattr(self, name)) == running, f"{name} and the running set disagree"
+        clock = self._clock
         for s, offset in self._offset.items():
-            region, kv_len = self._limit[s], self._kv[s]
+            region, base = self._limit[s], self._base[s]
+            kv_len = base + clock
             assert region == space.region_size(offset), f"sequence {s}: stale region size"
             assert self._reserve[s] <= region, f"sequence {s}: region below its reservation"
             assert 1 <= kv_len <= region, f"sequence {s}: kv_len {kv_len} outside its region"
             want = max(kv_len, min(self._final[s], region))
             assert self._target[s] == want, f"sequence {s}: target {self._target[s]} != {want}"
-        assert self._token_states == sum(self._kv.values()), "token_states total drifted"
+            assert self._room_to_limit[s] == region - base, f"sequence {s}: stale room to region"
+            assert self._room_to_target[s] == want - base, f"sequence {s}: stale room to target"
+        want_tokens = sum(self._base.values()) + len(self._base) * clock
+        assert self._token_states == want_tokens, "token_states total drifted"
         assert self._target_sum == sum(self._target.values()), "target total drifted"
-        assert not set(self._kv) & set(self._swapped), "a sequence is both running and swapped"
+        assert not running & set(self._swapped), "a sequence is both running and swapped"
         assert self._cpu_used == sum(v[0] for v in self._swapped.values()), "swap total drifted"
         assert self._cpu_used <= self.swap_capacity_slots, "swap space overcommitted"
         self.usage().check()

@@ -20,8 +20,6 @@ from abc import ABC, abstractmethod
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 
 def final_lengths(final_len: int | Sequence[int], num_seqs: int) -> list[int]:
     """One final length per sequence: a group's sequences may end at different lengths."""
@@ -72,14 +70,38 @@ class SwapResult:
 
 
 @dataclass(frozen=True, slots=True)
-class UsageSeries:
-    """Slot classes after each of several consecutive decode steps (arrays of equal length)."""
+class RunWeights:
+    """How long each iteration of a run of identical decode steps lasts.
 
-    token_states: np.ndarray
-    reserved: np.ndarray
-    internal_frag: np.ndarray
-    free: np.ndarray
-    unshared: np.ndarray | None = None  # slots held if nothing were shared (None: no sharing)
+    Iteration ``i`` (1..``steps``) lasts ``first + slope * (i - 1)`` seconds: a
+    decode step's time is affine in the batch's total context, which grows by the
+    batch size every iteration. Allocators integrate their memory classes against
+    these weights in closed form instead of materialising per-iteration arrays.
+    """
+
+    steps: int
+    first: float  # seconds, iteration 1
+    slope: float  # seconds added per iteration
+
+    @property
+    def total(self) -> float:
+        """Seconds of the whole run."""
+        k = self.steps
+        return k * self.first + self.slope * (k * (k - 1) / 2)
+
+    def tail(self, j: int) -> float:
+        """Seconds of iterations ``j..steps`` (1-based): how long a change made by iteration ``j`` lasts."""
+        k = self.steps
+        m = k - j + 1
+        if m <= 0:
+            return 0.0
+        return m * self.first + self.slope * ((j - 1 + k - 1) * m / 2)
+
+    @property
+    def ramp(self) -> float:
+        """Sum over iterations of ``i * seconds(i)``: the integral of a quantity growing by 1 per iteration."""
+        k = self.steps
+        return self.first * (k * (k + 1) / 2) + self.slope * ((k - 1) * k * (k + 1) / 3)
 
 
 class KVAllocator(ABC):
@@ -152,17 +174,30 @@ class KVAllocator(ABC):
     def swap_in(self, seq_ids: Sequence[int]) -> SwapResult:
         """Bring a swapped-out group back to the GPU."""
 
-    # --- runs of identical decode steps (macro-stepping) ----------------------------------
-    def max_advance(self, seq_ids: Sequence[int], limit: int) -> int:
-        """How many further decode steps, each appending one slot to every sequence in
-        ``seq_ids`` (in order), are certain to succeed without copies: 0 to ``limit``.
+    # --- lockstep: every resident sequence appends (decode steps and their runs) ------------
+    @abstractmethod
+    def try_append_all(self) -> bool:
+        """One slot for every sequence on the GPU, all or nothing; False if memory is short.
+
+        Each sequence must stay within the final length it was admitted with
+        (the scheduler ends a sequence when it gets there); ``try_append`` is the
+        per-sequence path that also allows outgrowing it.
+        """
+
+    def max_advance_all(self, limit: int) -> int:
+        """How many further ``try_append_all`` calls are certain to succeed without copies,
+        with no sequence outgrowing its final length: 0 to ``limit``.
 
         The default, 0, makes the engine step one iteration at a time.
         """
         return 0
 
-    def advance(self, seq_ids: Sequence[int], steps: int) -> UsageSeries:
-        """Apply ``steps`` such decode steps at once; return the usage after each."""
+    def advance_all(self, run: RunWeights) -> MemoryUsage:
+        """Apply ``run.steps`` lockstep appends at once (at most ``max_advance_all``).
+
+        Returns each class's integral over the run, in slot-seconds: the sum over
+        iterations of the class after that iteration's append times its duration.
+        """
         raise NotImplementedError(f"{type(self).__name__} does not support macro-stepping")
 
     # --- observation ----------------------------------------------------------------

@@ -20,15 +20,13 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 
-import numpy as np
-
 from policies.block_pool import BlockPool
 from policies.kv_allocator import (
     Admission,
     KVAllocator,
     MemoryUsage,
+    RunWeights,
     SwapResult,
-    UsageSeries,
     final_lengths,
 )
 
@@ -49,7 +47,10 @@ class PagedAllocator(KVAllocator):
         self.block_size = block_size
         self.capacity = num_blocks * block_size
         self._tables: dict[int, list[int]] = {}  # seq -> GPU blocks, or CPU blocks while swapped
-        self._kv: dict[int, int] = {}  # seq -> tokens of KV stored
+        # Every decode step appends one slot to every GPU-resident sequence, so their
+        # lengths move in lockstep: a resident sequence stores kv - clock ("base").
+        self._clock = 0  # lockstep appends so far
+        self._kv: dict[int, int] = {}  # seq -> base while resident; tokens of KV while swapped
         self._final: dict[int, int] = {}  # seq -> final KV length (classification only)
         self._swapped: set[int] = set()
         # Slots written in each GPU block; for the last block of a sequence it may lag
@@ -67,11 +68,14 @@ class PagedAllocator(KVAllocator):
         self._evictable: OrderedDict[int, None] = OrderedDict()  # cached blocks no sequence holds, LRU first
         # Totals over GPU-resident sequences, kept so the hot path never walks all of them.
         self._res_seqs = 0
-        self._res_kv = 0  # sum of kv lengths (tokens)
+        self._res_base = 0  # sum of bases: the resident kv total is this + seqs * clock (tokens)
         self._res_blocks = 0  # sum of block-table lengths (a shared block counted per holder)
         self._res_over = 0  # sum of max(0, table slots - final length): slots no token will fill
         self._ever_shared = prefix_caching  # once blocks are shared, usage() walks the tables
-        self._probe: tuple | None = None  # (sequence list, their lengths) from the last max_advance
+        # A resident sequence needs a new block at the lockstep append from clock t exactly
+        # when (base + t) % block_size == 0: _due[r] holds the sequences with base % B == r.
+        self._due: list[dict[int, None]] = [{} for _ in range(block_size)]
+        self._room: dict[int, int] = {}  # resident seq -> final length - base (room = this - clock)
         self.prefix_lookups = 0  # cacheable prompt blocks looked up
         self.prefix_hits = 0  # ... and found
         self.evictions = 0
@@ -85,19 +89,26 @@ class PagedAllocator(KVAllocator):
         return max(0, len(self._tables[s]) * self.block_size - self._final[s])
 
     def _enter(self, s: int) -> None:
+        """Count a GPU-resident sequence (``_kv[s]`` is its base) in the totals."""
+        base = self._kv[s]
         self._res_seqs += 1
-        self._res_kv += self._kv[s]
+        self._res_base += base
         self._res_blocks += len(self._tables[s])
         self._res_over += self._over(s)
+        self._due[base % self.block_size][s] = None
+        self._room[s] = self._final[s] - base
 
     def _leave(self, s: int) -> None:
+        base = self._kv[s]
         self._res_seqs -= 1
-        self._res_kv -= self._kv[s]
+        self._res_base -= base
         self._res_blocks -= len(self._tables[s])
         self._res_over -= self._over(s)
+        del self._due[base % self.block_size][s]
+        del self._room[s]
 
     def resident_kv(self) -> tuple[int, int]:
-        return self._res_seqs, self._res_kv
+        return self._res_seqs, self._res_base + self._res_seqs * self._clock
 
     # --- free blocks, counting unreferenced cached ones ----------------------------
     @property
@@ -220,7 +231,7 @@ class PagedAllocator(KVAllocator):
                 for b in blocks:
                     pool.share(b)
             self._tables[s] = list(blocks)
-            self._kv[s] = prompt_len
+            self._kv[s] = prompt_len - self._clock
             self._final[s] = final
             self._enter(s)
         # Prefill must compute at least the last prompt token to sample the first output.
@@ -228,44 +239,84 @@ class PagedAllocator(KVAllocator):
 
     # --- growth and sharing ---------------------------------------------------------
     def try_append(self, seq_ids: Sequence[int]) -> bool:
-        B = self.block_size
+        """One slot for each of ``seq_ids`` (the per-sequence path: group by group under
+        memory pressure, after a swap-in, or past a sequence's final length)."""
+        B, clock = self.block_size, self._clock
         kv, tables, rc = self._kv, self._tables, self.pool._refcount
         if self._ever_shared:  # a shared, partly filled last block is copied first
-            need = sum(1 for s in seq_ids if kv[s] % B == 0 or rc[tables[s][-1]] > 1)
+            need = sum(1 for s in seq_ids if (kv[s] + clock) % B == 0 or rc[tables[s][-1]] > 1)
         else:
-            need = sum(1 for s in seq_ids if kv[s] % B == 0)
-        if need > self.pool.num_free + len(self._evictable):
+            need = sum(1 for s in seq_ids if (kv[s] + clock) % B == 0)
+        if need > self.num_free_blocks:
             return False
-        filled, pool, final = self._filled, self.pool, self._final
+        filled, final = self._filled, self._final
         for s in seq_ids:
-            n = kv[s]
+            self._leave(s)
+            n = kv[s] + clock
             off = n % B
             table = tables[s]
             if off == 0:
                 if table:
                     filled[table[-1]] = B  # the previous last block is full (its fill may be stale)
-                block = pool.allocate() if pool._free else self._take()
+                block = self._take()
                 table.append(block)
-                self._res_blocks += 1
-                slots = len(table) * B
-                self._res_over += max(0, slots - final[s]) - max(0, slots - B - final[s])
             else:
                 block = table[-1]
-                if rc[block] > 1:  # copy-on-write: the partial block is shared
-                    copy = pool.allocate() if pool._free else self._take()
-                    filled[copy] = off
-                    self._token_states += off
-                    pool.release(block)
-                    table[-1] = block = copy
-                    self.copied_blocks += 1
+                if rc[block] > 1:
+                    block = self._copy_last(table, off)
             filled[block] = off + 1
-            kv[s] = n + 1
+            kv[s] += 1
             if n + 1 > final[s]:  # outgrew the length it was admitted with: its final is its length
-                slots = len(table) * B
-                self._res_over += max(0, slots - n - 1) - max(0, slots - final[s])
                 final[s] = n + 1
+            self._enter(s)
         self._token_states += len(seq_ids)
-        self._res_kv += len(seq_ids)
+        return True
+
+    def _copy_last(self, table: list[int], off: int) -> int:
+        """Copy-on-write: replace a shared, partly filled (``off`` slots) last block by a private copy."""
+        copy = self._take()
+        self._filled[copy] = off
+        self._token_states += off
+        self.pool.release(table[-1])  # others still hold it
+        table[-1] = copy
+        self.copied_blocks += 1
+        return copy
+
+    def _pending_copies(self) -> list[int]:
+        """Resident sequences whose next append copies their shared, partly filled last block."""
+        if not self._ever_shared:
+            return []
+        B, clock, rc, tables = self.block_size, self._clock, self.pool._refcount, self._tables
+        return [s for s, base in ((s, self._kv[s]) for s in self._room)
+                if (base + clock) % B and rc[tables[s][-1]] > 1]
+
+    def try_append_all(self) -> bool:
+        room = self._room
+        if not room:
+            return True
+        if min(room.values()) - self._clock < 1:  # someone outgrows its final length
+            return self.try_append(list(room))
+        B = self.block_size
+        crossing = self._due[-self._clock % B]
+        copies = self._pending_copies()
+        if len(crossing) + len(copies) > self.num_free_blocks:
+            return False
+        tables, filled, rc = self._tables, self._filled, self.pool._refcount
+        for s in copies:
+            table = tables[s]
+            if rc[table[-1]] > 1:  # the last holder of a shared block keeps it
+                self._copy_last(table, (self._kv[s] + self._clock) % B)
+        final = self._final
+        for s in crossing:
+            table = tables[s]
+            filled[table[-1]] = B
+            table.append(self._take())
+            over = len(table) * B - final[s]
+            if over > 0:  # the sequence's last block: slots past its final length
+                self._res_over += over  # (0 before: its previous block was full and within it)
+        self._res_blocks += len(crossing)
+        self._clock += 1
+        self._token_states += self._res_seqs
         return True
 
     def fork(self, parent: int, child: int, child_final_len: int) -> None:
@@ -273,7 +324,7 @@ class PagedAllocator(KVAllocator):
         for b in table:
             self.pool.share(b)
         self._tables[child] = list(table)
-        self._kv[child] = self._kv[parent]
+        self._kv[child] = self._kv[parent]  # both resident: same base
         self._final[child] = child_final_len
         self._ever_shared = True
         self._enter(child)
@@ -303,6 +354,7 @@ class PagedAllocator(KVAllocator):
         for s in seq_ids:
             self._leave(s)
             self._refresh_fill(s)
+            self._kv[s] += self._clock  # frozen while swapped: store its length
         moved = self._move(seq_ids, self.pool, self.cpu_pool, self._filled, self._cpu_filled)
         self._swapped.update(seq_ids)
         return moved
@@ -320,6 +372,7 @@ class PagedAllocator(KVAllocator):
         moved = self._move(seq_ids, self.cpu_pool, self.pool, self._cpu_filled, self._filled)
         self._swapped.difference_update(seq_ids)
         for s in seq_ids:
+            self._kv[s] -= self._clock
             self._enter(s)
         return moved
 
@@ -349,133 +402,95 @@ class PagedAllocator(KVAllocator):
         return SwapResult(blocks=len(mapping), slots=slots)
 
     # --- runs of identical decode steps ------------------------------------------------
-    def max_advance(self, seq_ids: Sequence[int], limit: int) -> int:
-        """Largest k <= limit with enough free blocks for k more slots on every sequence.
-
-        Zero when a sequence's partly filled last block is shared (its next
-        append copies, so steps are not identical).
-        """
-        if limit <= 0 or not seq_ids:
+    def max_advance_all(self, limit: int) -> int:
+        """Largest k <= limit: enough free blocks for k lockstep appends, no sequence
+        past its final length, and no copy-on-write pending (else 0)."""
+        room = self._room
+        if limit <= 0 or not room:
             return 0
-        B, rc, tables = self.block_size, self.pool._refcount, self._tables
-        kv = np.fromiter((self._kv[s] for s in seq_ids), np.int64, len(seq_ids))
-        self._probe = (seq_ids, kv)  # advance() right after reuses these lengths
-        if self._ever_shared:  # a shared, partly filled last block means a copy next step
-            for s, n in zip(seq_ids, kv.tolist()):
-                if n % B and rc[tables[s][-1]] > 1:
-                    return 0
-        free = self.num_free_blocks
-        now = -(-kv // B)
+        B, c0 = self.block_size, self._clock
+        k_max = min(limit, min(room.values()) - c0)
+        if k_max <= 0 or self._pending_copies():
+            return 0
+        # B consecutive appends take exactly one block per sequence.
+        free, n, due = self.num_free_blocks, self._res_seqs, self._due
+        full = min(k_max // B, free // n)
+        k, used = full * B, full * n
+        stop = min(k_max, k + B)
+        while k < stop:
+            crossing = len(due[-(c0 + k) % B])
+            if used + crossing > free:
+                break
+            used += crossing
+            k += 1
+        return k
 
-        def need(k: int) -> int:
-            return int((-(-(kv + k) // B) - now).sum())
+    def advance_all(self, run: RunWeights) -> MemoryUsage:
+        """Apply ``run.steps`` lockstep appends; integrate the classes in closed form.
 
-        if need(limit) <= free:
-            return limit
-        lo, hi = 0, limit  # need(lo) <= free < need(hi)
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if need(mid) <= free:
-                lo = mid
-            else:
-                hi = mid
-        return lo
-
-    def advance(self, seq_ids: Sequence[int], steps: int) -> UsageSeries:
-        """Append ``steps`` slots to every sequence at once; return the usage after each step.
-
-        Only sequences that cross a block boundary are touched one by one (to extend
-        their block tables); the fill of each sequence's last block is left to be
-        derived from its length (``_refresh_fill``).
+        Only sequences that cross a block boundary are visited (to extend their
+        block tables), bucket by bucket: the work is the blocks taken, not the
+        sequences times the steps. Each new block adds ``block_size`` allocated
+        slots from its iteration on; a sequence entering the block that holds its
+        final length turns the slots past it into internal fragmentation.
         """
-        B, n = self.block_size, len(seq_ids)
-        kv, final_of, tables = self._kv, self._final, self._tables
-        probe = self._probe
-        self._probe = None
-        if probe is not None and probe[0] is seq_ids:
-            kv0 = probe[1]
-        else:
-            kv0 = np.fromiter((kv[s] for s in seq_ids), np.int64, n)
-        final = np.fromiter((final_of[s] for s in seq_ids), np.int64, n)
-        i = np.arange(1, steps + 1, dtype=np.int64)
-        kv1 = kv0 + steps
-        extra = -(-kv1 // B) - (-(-kv0 // B))
-        # New blocks taken at step j: sequences whose next append starts a block, i.e.
-        # (kv0 + j - 1) % B == 0; the pattern repeats every B steps.
-        starts = np.bincount((-kv0) % B, minlength=B)
-        new_blocks = np.cumsum(starts[(i - 1) % B])
-        res_blocks0, res_kv0, res_over0 = self._res_blocks, self._res_kv, self._res_over
-        # Slots past a sequence's final length appear only in its last block: only sequences
-        # that may reach it during the run need a closer look.
-        near = np.flatnonzero(final - kv0 < steps + B)
-        if len(near):
-            kv_near = kv0[near, None] + i[None, :]
-            # A sequence that outgrows its final length has its length as final length.
-            final_near = np.maximum(final[near, None], kv_near)
-            over_near = np.maximum(-(-kv_near // B) * B - final_near, 0).sum(axis=0)
-            over0_near = int(np.maximum(-(-kv0[near] // B) * B - final[near], 0).sum())
-            for j in np.flatnonzero(kv1[near] > final[near]).tolist():
-                final_of[seq_ids[near[j]]] = int(kv1[near[j]])
-        else:
-            over_near, over0_near = np.zeros(steps, np.int64), 0
-        # Apply: extend the tables that cross a boundary, bump every length.
-        filled = self._filled
-        crossing = np.flatnonzero(extra)
-        fresh = self._take_many(int(extra.sum()))  # fresh blocks read as full
+        k, B, c0 = run.steps, self.block_size, self._clock
+        start = self.usage()
+        due, tables, filled, final = self._due, self._tables, self._filled, self._final
+        plan = []  # (bucket, ticks it crosses at) for the buckets that cross during the run
+        total = 0
+        for j in range(1, min(k, B) + 1):
+            bucket = due[-(c0 + j - 1) % B]
+            if bucket:
+                ticks = range(j, k + 1, B)
+                plan.append((bucket, ticks))
+                total += len(bucket) * len(ticks)
+        fresh = self._take_many(total)  # fresh blocks read as full
         at = 0
-        for j, e in zip(crossing.tolist(), extra[crossing].tolist()):
-            table = tables[seq_ids[j]]
-            filled[table[-1]] = B  # the old last block is full now
-            table.extend(fresh[at:at + e])
-            at += e
-        kv.update(zip(seq_ids, kv1.tolist()))
-        self._token_states += n * steps
-        self._res_kv += n * steps
-        self._res_blocks += int(extra.sum())
-        self._res_over += int(over_near[-1]) - over0_near
-        token_states = self._token_states - n * steps + n * i
-        used = self.pool.num_used - len(self._evictable) - int(extra.sum()) + new_blocks
-        if self._ever_shared:
-            kv_all = kv0[:, None] + i[None, :]
-            blocks = -(-kv_all // B)
-            reserved = np.maximum(np.minimum(blocks * B, final[:, None]) - kv_all, 0).sum(axis=0)
-            reserved = reserved + self._reserved_outside(seq_ids)
-            unshared = self._unshared_outside(seq_ids) + blocks.sum(axis=0) * B
-        else:
-            held = res_blocks0 + new_blocks
-            reserved = held * B - (res_kv0 + n * i) - (res_over0 - over0_near + over_near)
-            unshared = held * B
-        return UsageSeries(
+        block_seconds = 0.0  # sum over new blocks of how long they are held during the run (s)
+        over_seconds = 0.0  # sum over slots past final lengths of how long (s)
+        over_added = 0
+        for bucket, ticks in plan:
+            m = len(ticks)
+            block_seconds += len(bucket) * sum(run.tail(t) for t in ticks)
+            last_tail = run.tail(ticks[-1])
+            for s in bucket:
+                table = tables[s]
+                filled[table[-1]] = B  # the old last block is full now
+                table.extend(fresh[at:at + m])
+                at += m
+                over = len(table) * B - final[s]
+                if over > 0:  # only its last crossing can reach past the final length
+                    over_added += over
+                    over_seconds += over * last_tail
+        n = self._res_seqs
+        self._clock += k
+        self._token_states += n * k
+        self._res_blocks += total
+        self._res_over += over_added
+        D, ramp = run.total, run.ramp
+        token_states = start.token_states * D + n * ramp
+        reserved = start.reserved * D + B * block_seconds - n * ramp - over_seconds
+        free = start.free * D - B * block_seconds
+        return MemoryUsage(
+            capacity=self.capacity * D,
             token_states=token_states,
             reserved=reserved,
-            internal_frag=used * B - token_states - reserved,
-            free=(self.pool.num_blocks - used) * B,
-            unshared=unshared,
+            internal_frag=self.capacity * D - token_states - reserved - free,
+            free=free,
+            unshared=start.unshared * D + B * block_seconds,
         )
 
     def _refresh_fill(self, s: int) -> None:
-        """Write the fill of a sequence's last block (runs of decode steps leave it stale)."""
+        """Write the fill of a resident sequence's last block (lockstep appends leave it stale)."""
         table = self._tables[s]
         if table:
-            self._filled[table[-1]] = self._kv[s] - (len(table) - 1) * self.block_size
-
-    def _unshared_outside(self, seq_ids: Sequence[int]) -> int:
-        inside = set(seq_ids)
-        return sum(len(t) for s, t in self._tables.items() if s not in inside and s not in self._swapped) * self.block_size
-
-    def _reserved_outside(self, seq_ids: Sequence[int]) -> int:
-        """Reserved slots of GPU-resident sequences not in ``seq_ids`` (constant over a run)."""
-        inside = set(seq_ids)
-        B, rc = self.block_size, self.pool._refcount
-        total = 0
-        for s, table in self._tables.items():
-            if s not in inside and table and s not in self._swapped and rc[table[-1]] == 1:
-                total += max(0, min(len(table) * B, self._final[s]) - self._kv[s])
-        return total
+            self._filled[table[-1]] = self._kv[s] + self._clock - (len(table) - 1) * self.block_size
 
     # --- observation -----------------------------------------------------------------
     def kv_len(self, seq_id: int) -> int:
-        return self._kv[seq_id]
+        kv = self._kv[seq_id]
+        return kv if seq_id in self._swapped else kv + self._clock
 
     def free_slots(self) -> int:
         return self.num_free_blocks * self.block_size
@@ -484,7 +499,7 @@ class PagedAllocator(KVAllocator):
         B = self.block_size
         if not self._ever_shared:  # every block has one holder: the totals say it all
             free = self.num_free_blocks * B
-            reserved = self._res_blocks * B - self._res_kv - self._res_over
+            reserved = self._res_blocks * B - self.resident_kv()[1] - self._res_over
             return MemoryUsage(self.capacity, self._token_states, reserved,
                                self.capacity - free - self._token_states - reserved, free, self._res_blocks * B)
         return self._usage_walk()
@@ -495,14 +510,14 @@ class PagedAllocator(KVAllocator):
         B = self.block_size
         rc = self.pool._refcount
         reserved = unshared = 0
-        swapped, final, kv = self._swapped, self._final, self._kv
+        swapped, final, kv, clock = self._swapped, self._final, self._kv, self._clock
         for s, table in self._tables.items():
             if s in swapped:
                 continue
             unshared += len(table)
             # Only an exclusively held last block will be filled by this sequence itself.
             if table and rc[table[-1]] == 1 + (table[-1] in self._key_of):
-                ahead = min(len(table) * B, final[s]) - kv[s]
+                ahead = min(len(table) * B, final[s]) - kv[s] - clock
                 if ahead > 0:
                     reserved += ahead
         free = self.num_free_blocks * B
@@ -528,7 +543,8 @@ class PagedAllocator(KVAllocator):
             refs = cpu_refs if s in self._swapped else gpu_refs
             for b in table:
                 refs[b] += 1
-            assert blocks_for(self._kv[s], self.block_size) == len(table), f"seq {s}: table length"
+            assert blocks_for(self.kv_len(s), self.block_size) == len(table), f"seq {s}: table length"
+            assert self.kv_len(s) <= self._final[s], f"seq {s}: longer than its final length"
         for key, b in self._cached.items():
             assert self._key_of[b] == key, f"cache index of block {b} is inconsistent"
             gpu_refs[b] += 1  # the cache's own reference
@@ -545,7 +561,12 @@ class PagedAllocator(KVAllocator):
         assert in_use == self._token_states, "token_states drifted from the blocks' contents"
         resident = [s for s in self._tables if s not in self._swapped]
         assert self._res_seqs == len(resident), "resident sequence count drifted"
-        assert self._res_kv == sum(self._kv[s] for s in resident), "resident kv total drifted"
+        assert self._res_base == sum(self._kv[s] for s in resident), "resident kv total drifted"
+        for s in resident:
+            base = self._kv[s]
+            assert s in self._due[base % self.block_size], f"seq {s} is not due where its length says"
+            assert self._room[s] == self._final[s] - base, f"seq {s}: room drifted"
+        assert sum(map(len, self._due)) == len(self._room) == len(resident), "due buckets drifted"
         assert self._res_blocks == sum(len(self._tables[s]) for s in resident), "resident block total drifted"
         assert self._res_over == sum(self._over(s) for s in resident), "over-final total drifted"
         assert self.usage() == self._usage_walk(), "incremental usage disagrees with the tables"

@@ -14,13 +14,13 @@ events, a run of identical decode iterations is advanced at once (DESIGN.md
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-import numpy as np
 import simpy
 
-from policies.kv_allocator import KVAllocator, MemoryUsage
+from policies.kv_allocator import KVAllocator, MemoryUsage, RunWeights
 from simulator.cost_model.base import CostModel
 from simulator.memory_classes import classify
 from simulator.metrics import RequestLog, request_row
@@ -145,11 +145,11 @@ class Simulation:
             swap = cost.swap_time(step.swap_out_blocks, step.swap_out_slots) + cost.swap_time(
                 step.swap_in_blocks, step.swap_in_slots)
             extra = sched.run_length(step, self.max_run) if self.macro_steps else 0
-            durations = self._run_durations(step, cost, extra, start + compute, bool(sched.waiting)) if extra else None
-            if durations is not None and len(durations):  # swap is 0 here: runs never preempt or swap in
-                self._record_run(replica, step, start, compute, durations)
-                yield env.timeout(compute + float(durations.sum()))
-                sched.complete(step, env.now, durations)
+            run = self._plan_run(step, cost, extra, start + compute, bool(sched.waiting)) if extra else None
+            if run is not None:  # swap is 0 here: runs never preempt or swap in
+                self._record_run(replica, step, start, compute, run)
+                yield env.timeout(compute + run.total)
+                sched.complete(step, env.now, run)
                 continue
             overlap = bool(swap) and replica.pcie is not None
             # Rows are written as steps start, so they stay in time order across replicas.
@@ -167,8 +167,8 @@ class Simulation:
             yield link
             yield self.env.timeout(seconds)
 
-    def _run_durations(self, step: Step, cost: CostModel, extra: int, first_end: float, waiting: bool) -> np.ndarray:
-        """Durations of up to ``extra`` decode iterations after ``step`` (closed form).
+    def _plan_run(self, step: Step, cost: CostModel, extra: int, first_end: float, waiting: bool) -> RunWeights | None:
+        """Up to ``extra`` decode iterations after ``step``, in closed form (None: none).
 
         Context grows by one token per sequence per iteration, so iteration i lasts
         ``a + b * (C0 + n * i)``. With nothing waiting, an arrival may be admitted at
@@ -176,14 +176,14 @@ class Simulation:
         """
         n, c0 = step.shape.decode_seqs, step.shape.decode_context
         a, b = cost.decode_coefficients(n)
-        durations = a + b * (c0 + n * np.arange(1, extra + 1, dtype=np.float64))
-        if not waiting and self.next_arrival < float("inf"):
-            if first_end >= self.next_arrival:
-                return durations[:0]
-            ends = first_end + np.cumsum(durations)
-            stop = int(np.searchsorted(ends, self.next_arrival, side="left")) + 1
-            durations = durations[:stop]
-        return durations
+        run = RunWeights(extra, a + b * (c0 + n), b * n)
+        if waiting or self.next_arrival == float("inf"):
+            return run
+        gap = self.next_arrival - first_end  # seconds the run may last before the arrival
+        if gap <= 0:
+            return None
+        k = _iterations_to_reach(run.first, run.slope, gap)
+        return run if k >= extra else RunWeights(k, run.first, run.slope)
 
     # --- records --------------------------------------------------------------------
     @staticmethod
@@ -204,28 +204,22 @@ class Simulation:
             step.swap_out_slots, step.swap_in_slots, swap_s, step.cow_copies, *state,
         ))
 
-    def _record_run(self, replica: Replica, step: Step, start: float, d0: float, durations: np.ndarray) -> None:
-        """One row for a run of identical decode iterations; memory classes are its
-        duration-weighted means, so time-weighted summaries stay exact."""
+    def _record_run(self, replica: Replica, step: Step, start: float, d0: float, run: RunWeights) -> None:
+        """One row for a step and the run of identical decode iterations after it; memory
+        classes are their duration-weighted means, so time-weighted summaries stay exact."""
         first = replica.scheduler.alloc.usage()
-        series = replica.scheduler.advance(step, len(durations))
-        total = d0 + float(durations.sum())
-
-        def mean(v0: float, v: np.ndarray) -> float:
-            return (v0 * d0 + float(np.dot(v, durations))) / total
-
-        allocated = series.token_states + series.reserved + series.internal_frag
-        unshared = series.unshared if series.unshared is not None else allocated
+        integral = replica.scheduler.advance(run)  # slot-seconds over the run
+        total = d0 + run.total
         first_unshared = first.unshared or (first.capacity - first.free)
         usage = MemoryUsage(
             capacity=first.capacity,
-            token_states=mean(first.token_states, series.token_states),
-            reserved=mean(first.reserved, series.reserved),
-            internal_frag=mean(first.internal_frag, series.internal_frag),
-            free=mean(first.free, series.free),
-            unshared=mean(first_unshared, unshared),
+            token_states=(first.token_states * d0 + integral.token_states) / total,
+            reserved=(first.reserved * d0 + integral.reserved) / total,
+            internal_frag=(first.internal_frag * d0 + integral.internal_frag) / total,
+            free=(first.free * d0 + integral.free) / total,
+            unshared=(first_unshared * d0 + integral.unshared) / total,
         )
-        self._record(replica, step, start, total, 1 + len(durations), self._state(replica, usage))
+        self._record(replica, step, start, total, 1 + run.steps, self._state(replica, usage))
 
     def _stall_message(self, replica: Replica) -> str:
         s = replica.scheduler
@@ -240,3 +234,21 @@ class Simulation:
         self.env.process(self._arrivals())
         procs = [self.env.process(self._engine(r)) for r in self.replicas]
         self.env.run(until=simpy.AllOf(self.env, procs) if procs else None)
+
+
+def _iterations_to_reach(first: float, slope: float, seconds: float) -> int:
+    """Fewest iterations (lasting ``first``, ``first + slope``, ...) whose total reaches ``seconds`` > 0."""
+    if slope <= 0:
+        k = max(1, math.ceil(seconds / first))
+    else:  # slope/2 k^2 + (first - slope/2) k >= seconds
+        h = first - slope / 2
+        k = max(1, math.ceil((-h + math.sqrt(h * h + 2 * slope * seconds)) / slope))
+
+    def total(m: int) -> float:
+        return m * first + slope * (m * (m - 1) / 2)
+
+    while k > 1 and total(k - 1) >= seconds:  # float rounding: settle on the exact boundary
+        k -= 1
+    while total(k) < seconds:
+        k += 1
+    return k

@@ -63,6 +63,37 @@ class LatencyHistogram:
         self.total += float(seconds.sum()) * times
         self.count += len(seconds) * times
 
+    def add_linear(self, first: float, slope: float, count: int, times: int = 1) -> None:
+        """Record ``first + slope * i`` for i = 0..count-1, each ``times`` times: a run's
+        gaps grow by a constant, so each bucket's share is cut at its edges in closed form."""
+        if count <= 0:
+            return
+        last = first + slope * (count - 1)
+        if first <= 0 or slope < 0:
+            self.add_many(first + slope * np.arange(count, dtype=np.float64), times)
+            return
+        c = self._counts
+        b = math.floor(math.log(first) / _LOG_BASE)
+        b_last = math.floor(math.log(last) / _LOG_BASE)
+        done = 0  # values already filed
+        if count < b_last - b:  # fewer values than buckets: file each value
+            for i in range(count):
+                v = math.floor(math.log(first + slope * i) / _LOG_BASE)
+                c[v] = c.get(v, 0) + times
+            b = b_last + 1
+            done = count
+        while b < b_last:
+            edge = math.exp((b + 1) * _LOG_BASE)  # values below it belong to bucket b
+            below = min(count, max(done, math.ceil((edge - first) / slope)))
+            if below > done:
+                c[b] = c.get(b, 0) + (below - done) * times
+                done = below
+            b += 1
+        if done < count:
+            c[b_last] = c.get(b_last, 0) + (count - done) * times
+        self.total += (count * first + slope * (count * (count - 1) / 2)) * times
+        self.count += count * times
+
     def merge(self, other: LatencyHistogram) -> None:
         for b, n in other._counts.items():
             self._counts[b] = self._counts.get(b, 0) + n

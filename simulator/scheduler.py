@@ -21,17 +21,18 @@ batch only when the previous one has completely finished.
 from __future__ import annotations
 
 import bisect
+import heapq
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from policies.kv_allocator import Admission, KVAllocator
+from policies.kv_allocator import Admission, KVAllocator, RunWeights
 from simulator.cost_model.base import BatchShape, causal_attention_pairs
 from simulator.decoding import beam_parent_counts, prefix_contents, sample_targets
 from simulator.latency_histogram import LatencyHistogram
-from simulator.sequence import SequenceGroup, Status
+from simulator.sequence import DecodeClock, SequenceGroup, Status
 from traces import Request
 
 
@@ -71,7 +72,6 @@ class Step:
     swap_out_slots: int = 0  # token slots moved
     swap_in_slots: int = 0
     cow_copies: int = 0  # blocks copied on the GPU (copy-on-write, contiguous forks)
-    decode_seq_ids: list[int] = field(default_factory=list)  # the decoding sequences, group by group
 
     @property
     def empty(self) -> bool:
@@ -87,7 +87,14 @@ class Step:
 
 
 class Scheduler:
-    """Owns the waiting, running and swapped queues of one replica."""
+    """Owns the waiting, running and swapped queues of one replica.
+
+    Running groups advance in lockstep: every decode step gives each of them one
+    token, so the scheduler counts decode steps (``clock``) instead of touching
+    every group (``SequenceGroup.generated`` reads the clock), and a
+    heap orders running groups by the clock at which their next sequence finishes.
+    A step costs work for the groups that join, leave or finish, not for all.
+    """
 
     def __init__(self, allocator: KVAllocator, limits: SchedulerSettings, on_terminal: Callable[[SequenceGroup], None]):
         self.alloc = allocator
@@ -105,6 +112,10 @@ class Scheduler:
         self.rng = np.random.default_rng(limits.seed)
         self._shares_prefixes = bool(getattr(allocator, "prefix_caching", False))
         self.beam_groups = 0  # beam-search groups admitted and not yet ended
+        self.clock = DecodeClock()  # decode steps so far
+        self._finishes: list[tuple[int, float, int, SequenceGroup]] = []  # (due, arrival, id, group)
+        self._fresh: list[SequenceGroup] = []  # joined the running batch since the last decode step
+        self._last_decode_end = 0.0  # when the last decode step ended (s)
 
     # --- arrivals --------------------------------------------------------------
     def add(self, request: Request, now: float) -> SequenceGroup:
@@ -117,6 +128,7 @@ class Scheduler:
                    if request.beam_width == 1 else [request.output_tokens] * k)
         group = SequenceGroup(
             request=request,
+            clock=self.clock,
             seq_ids=seq_ids,
             targets=dict(zip(seq_ids, outputs)),
             prompt_len=request.prompt_tokens,
@@ -193,10 +205,38 @@ class Scheduler:
             step.prefill.append(g)
 
     def _start_running(self, g: SequenceGroup) -> None:
+        g.gen_base -= self.clock.ticks  # now counted from the clock
         g.status = Status.RUNNING
         if g.first_scheduled is None:
             g.first_scheduled = self.now
         bisect.insort(self.running, g, key=lambda x: x.sort_key)
+        g.fresh = True
+        self._fresh.append(g)
+        self._expect_finish(g)
+
+    def _expect_finish(self, g: SequenceGroup) -> None:
+        """(Re)file a running group under the clock at which its next sequence finishes."""
+        g.due = g.next_finish - g.gen_base
+        r = g.request
+        heapq.heappush(self._finishes, (g.due, r.arrival_time, r.request_id, g))
+
+    def _next_due(self) -> int | None:
+        """Clock of the earliest finish among running groups (stale heap entries dropped)."""
+        heap = self._finishes
+        while heap:
+            due, _, _, g = heap[0]
+            if g.status is Status.RUNNING and g.due == due:
+                return due
+            heapq.heappop(heap)
+        return None
+
+    def _stop_running(self, g: SequenceGroup) -> None:
+        """Write back the lockstep state of a group leaving the running batch (its caller
+        then sets where it goes)."""
+        g.gen_base += self.clock.ticks
+        g.status = Status.WAITING
+        if not g.fresh:  # it decoded in the last decode step
+            g.last_token = self._last_decode_end
 
     def _decode(self, step: Step) -> None:
         alloc = self.alloc
@@ -205,19 +245,12 @@ class Scheduler:
             for g in self.running:
                 if g.beam_width > 1 and g.generated >= 1:
                     self._choose_beams(g)
-        # Fast path: every running sequence gets its slot in one all-or-nothing call.
-        seqs = [s for g in self.running for s in g.seq_ids]
-        if alloc.try_append(seqs):
-            kept = self.running
-        else:
-            kept = self._append_or_preempt(step)
-            seqs = None
-        self.running = kept
+        # Every sequence on the GPU belongs to a running group, and decodes: the fast
+        # path gives each its slot in one all-or-nothing call.
+        if not alloc.try_append_all():
+            self.running = self._append_or_preempt(step)
         if not step.preempted and self.swapped:
             self._swap_in(step)
-            seqs = None
-        step.decode_seq_ids = seqs if seqs is not None else [s for g in kept for s in g.seq_ids]
-        # Every sequence on the GPU belongs to a running group, and decodes.
         step.shape.decode_seqs, step.shape.decode_context = alloc.resident_kv()
         step.decode = list(self.running)
         step.cow_copies = alloc.copied_blocks - copies_before
@@ -297,6 +330,7 @@ class Scheduler:
 
     # --- preemption -----------------------------------------------------------------
     def _preempt(self, g: SequenceGroup, step: Step) -> None:
+        self._stop_running(g)
         g.preemptions += 1
         mode = self.limits.preemption
         if mode == "auto" or g.num_live > 1:
@@ -352,51 +386,63 @@ class Scheduler:
             return 0
         if self.beam_groups:
             return 0
-        fewest = min(limit, min(g.next_finish - g.generated for g in step.decode) - 1)
+        due = self._next_due()
+        fewest = min(limit, due - self.clock.ticks - 1) if due is not None else limit
         if fewest <= 0:
             return 0
-        return self.alloc.max_advance(step.decode_seq_ids, fewest)
+        return self.alloc.max_advance_all(fewest)
 
-    def advance(self, step: Step, extra: int):
-        """Apply ``extra`` more decode iterations of ``step`` to memory; return the usage series."""
-        return self.alloc.advance(step.decode_seq_ids, extra)
+    def advance(self, run: RunWeights):
+        """Apply the run's further decode iterations to memory; return the classes' integrals."""
+        return self.alloc.advance_all(run)
 
     # --- after the step ----------------------------------------------------------------
-    def complete(self, step: Step, now: float, extra_durations: np.ndarray | None = None) -> None:
-        """Every scheduled sequence gained one token (or one per iteration of a run of
-        ``1 + len(extra_durations)`` identical decode steps); finished sequences free memory."""
-        extra = 0 if extra_durations is None else len(extra_durations)
-        first_end = now - (float(extra_durations.sum()) if extra else 0.0)
-        gaps: dict[float, int] = {}  # first gap of this step -> sequences (most share one)
-        any_done = False
-        for groups in (step.prefill, step.decode):
-            for g in groups:
-                g.generated += 1 + extra
+    def complete(self, step: Step, now: float, run: RunWeights | None = None) -> None:
+        """Every scheduled sequence gained one token (or one per iteration of a run:
+        ``step`` followed by ``run``); finished sequences free memory."""
+        if step.prefill:
+            for g in step.prefill:  # the prefill samples each sequence's first token
+                g.gen_base += 1
                 if g.first_token is None:
-                    g.first_token = first_end
-                else:
-                    gap = first_end - g.last_token
-                    gaps[gap] = gaps.get(gap, 0) + len(g.seq_ids)
+                    g.first_token = now
+                else:  # recomputed: the gap since its last token spans the preemption
+                    self.itl.add(now - g.last_token, len(g.seq_ids))
                 g.last_token = now
-                if g.generated >= g.next_finish:
-                    any_done |= self._retire_done(g, now)
-        for gap, count in gaps.items():
-            self.itl.add(gap, count)
-        if extra:
-            self.itl.add_many(extra_durations, step.shape.decode_seqs)
-        if any_done:
-            self.running = [g for g in self.running if g.status is Status.RUNNING]
+                self._expect_finish(g)
+        else:
+            first_end = now - run.total if run is not None else now
+            steady = step.shape.decode_seqs  # decoded in the previous decode step too
+            for g in self._fresh:
+                g.fresh = False
+                if g.status is Status.RUNNING:
+                    self.itl.add(first_end - g.last_token, len(g.seq_ids))
+                    steady -= len(g.seq_ids)
+            self._fresh.clear()
+            if steady:
+                self.itl.add(first_end - self._last_decode_end, steady)
+            if run is not None:
+                self.itl.add_linear(run.first, run.slope, run.steps, step.shape.decode_seqs)
+            self.clock.ticks += 1 + (run.steps if run is not None else 0)
+            self._last_decode_end = now
+        heap = self._finishes
+        while heap and heap[0][0] <= self.clock.ticks:
+            due, _, _, g = heapq.heappop(heap)
+            if g.status is Status.RUNNING and g.due == due:
+                self._retire_done(g, now)
 
-    def _retire_done(self, g: SequenceGroup, now: float) -> bool:
-        for s in [s for s in g.seq_ids if g.targets[s] <= g.generated]:
+    def _retire_done(self, g: SequenceGroup, now: float) -> None:
+        generated = g.generated
+        for s in [s for s in g.seq_ids if g.targets[s] <= generated]:
             self.alloc.free(s)
             g.seq_ids.remove(s)
         if g.seq_ids:
             g.next_finish = min(g.targets[s] for s in g.seq_ids)
-            return False
-        g.finish = now
+            self._expect_finish(g)
+            return
+        self._stop_running(g)
+        g.last_token = g.finish = now
+        self.running.remove(g)
         self._end(g, Status.FINISHED, None)
-        return True
 
     def _free_all(self, g: SequenceGroup) -> None:
         for s in g.seq_ids:

@@ -20,6 +20,15 @@ class Status(enum.Enum):
 TERMINAL = (Status.FINISHED, Status.REJECTED, Status.ABORTED)
 
 
+class DecodeClock:
+    """Decode steps one replica has run (each gives every running group a token)."""
+
+    __slots__ = ("ticks",)
+
+    def __init__(self) -> None:
+        self.ticks = 0
+
+
 @dataclass(eq=False, slots=True)
 class SequenceGroup:
     """One request's sequences and its life story (times in seconds of simulated time).
@@ -34,7 +43,12 @@ class SequenceGroup:
     targets: dict[int, int]  # seq -> output tokens it will generate in total
     prompt_len: int  # tokens the next prefill computes (grows on recompute)
     status: Status = Status.WAITING
-    generated: int = 0
+    #: output tokens per live sequence, less ``clock.ticks`` while RUNNING: every running
+    #: group gains one token per decode step, so the scheduler moves one clock, not each group
+    gen_base: int = 0
+    clock: DecodeClock | None = None
+    due: int = 0  # while RUNNING: the clock tick at which its next sequence finishes
+    fresh: bool = False  # joined the running batch (prefill, swap-in) since the last decode step
     # metrics
     first_scheduled: float | None = None
     first_token: float | None = None
@@ -51,6 +65,13 @@ class SequenceGroup:
     beam_width: int = 1  # > 1: beams are re-chosen every step
     next_finish: int = 0  # fewest output tokens among live sequences: the group's next finish
     recomputing: bool = False  # preempted by recomputation and not yet prefilled again
+
+    @property
+    def generated(self) -> int:
+        """Output tokens each live sequence has so far."""
+        if self.status is Status.RUNNING:
+            return self.gen_base + self.clock.ticks
+        return self.gen_base
 
     @property
     def arrival(self) -> float:

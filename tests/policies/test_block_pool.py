@@ -92,3 +92,4 @@ def test_release_all_and_free_exclusive_match_one_by_one_release():
     pool.share(table[1])
     with pytest.raises(ValueError, match="shared"):
         pool.free_exclusive([table[1]])
+

@@ -1,13 +1,16 @@
 """Contiguous allocator: the paper's Orca/FasterTransformer baselines and exact accounting.
 
-The property test drives random admit/append/fork/free/swap sequences and keeps
-its own model of every sequence (kv_len, final_len, reservation); region sizes,
-admission answers and the memory classes are recomputed from that model.
+The property test drives random admit/append/fork/free/swap sequences (and the
+lockstep ``try_append_all``/``advance_all``) and keeps its own model of every
+sequence (kv_len, final_len, reservation); region sizes, admission answers and
+the memory classes are recomputed from that model. The lockstep macro-steps are
+also checked against stepping one iteration at a time on a copy.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 from hypothesis import given, settings
@@ -19,7 +22,7 @@ from policies.contiguous_allocator import (
     OutOfSlots,
     contiguous_preset,
 )
-from policies.kv_allocator import Admission, SwapResult
+from policies.kv_allocator import Admission, MemoryUsage, RunWeights, SwapResult
 from policies.reservation import RESERVATION_POLICIES, reservation_slots
 from policies.slot_space import PLACEMENTS, make_slot_space
 
@@ -275,7 +278,11 @@ def test_random_use_keeps_every_invariant(
         return Admission.OK
 
     for _ in range(steps):
-        op = data.draw(st.sampled_from(["admit", "append", "fork", "free", "out", "in"]))
+        op = data.draw(
+            st.sampled_from(
+                ["admit", "append", "append_all", "advance", "fork", "free", "out", "in"]
+            )
+        )
         if op == "admit":
             prompt = data.draw(st.integers(1, 64))
             final = prompt + data.draw(st.integers(1, 64)) - 1
@@ -297,6 +304,31 @@ def test_random_use_keeps_every_invariant(
             if fits:
                 for s in group:
                     running[s][0] += 1
+        elif op == "append_all":
+            fits = all(kv < expected_region(placement, r) for kv, _, r in running.values())
+            before = alloc.usage()
+            assert alloc.try_append_all() == fits
+            if fits:
+                for seq in running.values():
+                    seq[0] += 1
+            else:
+                assert alloc.usage() == before
+        elif op == "advance":
+            limit = data.draw(st.integers(0, 30))
+            room = [
+                max(kv, min(final, expected_region(placement, r))) - kv
+                for kv, final, r in running.values()
+            ]
+            k = alloc.max_advance_all(limit)
+            assert k == min([limit, *room])
+            k = data.draw(st.integers(0, k))
+            lengths = {s: alloc.kv_len(s) for s in [*running, *swapped]}
+            alloc.advance_all(RunWeights(k, 0.5, 0.25))
+            for s in running:
+                assert alloc.kv_len(s) == lengths[s] + k
+                running[s][0] += k
+            for s in swapped:
+                assert alloc.kv_len(s) == lengths[s]
         elif op == "fork" and running:
             parent = data.draw(st.sampled_from(sorted(running)))
             kv = running[parent][0]
@@ -380,3 +412,180 @@ def test_random_use_keeps_every_invariant(
         assert alloc.space.holes() == make_slot_space(placement, capacity).holes()
     else:
         assert alloc.space.holes() == [(0, capacity)]
+
+
+# --- lockstep macro-steps ---------------------------------------------------------------------------
+LOCKSTEP_CASES = [("buddy", "max"), ("buddy_exact", "oracle"), ("first_fit", "pow2")]
+
+
+def random_state(data, placement: str, reservation: str) -> ContiguousAllocator:
+    """An allocator with a few running sequences (some appended past their final_len, some
+    regions full) and a few swapped out, built through the public API only."""
+    max_seq_len = 64
+    alloc = ContiguousAllocator(512, placement, reservation, max_seq_len, swap_capacity_slots=200)
+    seq = 0
+    for _ in range(data.draw(st.integers(0, 6))):
+        prompt = data.draw(st.integers(1, 40))
+        final = prompt + data.draw(st.integers(0, 20))
+        n = data.draw(st.integers(1, 2))
+        if alloc.check_admit(prompt, final, n, 0) is Admission.OK:
+            alloc.admit(list(range(seq, seq + n)), prompt, final)
+            seq += n
+    for _ in range(data.draw(st.integers(0, 4))):
+        running = sorted(alloc._base)
+        if not running:
+            break
+        group = data.draw(st.lists(st.sampled_from(running), min_size=1, unique=True))
+        for _ in range(data.draw(st.integers(1, 12))):  # may outgrow final_len or fill a region
+            alloc.try_append(group)
+        for _ in range(data.draw(st.integers(0, 3))):
+            alloc.try_append_all()
+    running = sorted(alloc._base)
+    if running and data.draw(st.booleans()):
+        group = data.draw(st.lists(st.sampled_from(running), min_size=1, max_size=2, unique=True))
+        if alloc.can_swap_out(group):
+            alloc.swap_out(group)
+    alloc.check()
+    return alloc
+
+
+def lockstep_append_within_targets(alloc: ContiguousAllocator) -> bool:
+    """One ``try_append_all``, judged only from ``usage()``: did it succeed with every new
+    token filling a reserved slot (no sequence outgrowing its final_len)?"""
+    n = alloc.resident_kv()[0]
+    before = alloc.usage()
+    if not alloc.try_append_all():
+        return False
+    after = alloc.usage()
+    return after.internal_frag == before.internal_frag and after.reserved == before.reserved - n
+
+
+@pytest.mark.parametrize(("placement", "reservation"), LOCKSTEP_CASES)
+@settings(max_examples=40, deadline=None)
+@given(
+    first=st.floats(1e-3, 1.0),
+    slope=st.floats(0.0, 1e-2),
+    data=st.data(),
+)
+def test_advance_all_integrals_match_stepping_one_iteration_at_a_time(
+    placement, reservation, first, slope, data
+):
+    alloc = random_state(data, placement, reservation)
+    k = data.draw(st.integers(0, alloc.max_advance_all(60)))
+    stepped = copy.deepcopy(alloc)
+    sums = dict.fromkeys(("capacity", "token_states", "reserved", "internal_frag", "free"), 0.0)
+    allocated = 0.0
+    for i in range(1, k + 1):
+        assert stepped.try_append_all()
+        u = stepped.usage()
+        seconds = first + slope * (i - 1)
+        for name in sums:
+            sums[name] += getattr(u, name) * seconds
+        allocated += (u.capacity - u.free) * seconds
+    got = alloc.advance_all(RunWeights(k, first, slope))
+    assert isinstance(got, MemoryUsage)
+    for name, want in [*sums.items(), ("unshared", allocated)]:
+        assert math.isclose(getattr(got, name), want, rel_tol=1e-9, abs_tol=1e-9), name
+    # and both end in the same state
+    alloc.check()
+    assert alloc.usage() == stepped.usage()
+    assert alloc.resident_kv() == stepped.resident_kv()
+    for s in [*alloc._base, *alloc._swapped]:
+        assert alloc.kv_len(s) == stepped.kv_len(s)
+
+
+@pytest.mark.parametrize(("placement", "reservation"), LOCKSTEP_CASES)
+@settings(max_examples=40, deadline=None)
+@given(limit=st.integers(-2, 80), data=st.data())
+def test_max_advance_all_is_the_longest_run_of_lockstep_appends(
+    placement, reservation, limit, data
+):
+    alloc = random_state(data, placement, reservation)
+    brute = copy.deepcopy(alloc)
+    k = 0
+    while k < limit and lockstep_append_within_targets(brute):
+        k += 1
+    assert alloc.max_advance_all(limit) == k
+    alloc.check()
+
+
+def test_advance_all_beyond_max_advance_all_is_refused():
+    alloc = ContiguousAllocator(64, "first_fit", "oracle", 64)
+    alloc.admit([0], 3, 6)
+    assert alloc.max_advance_all(10) == 3
+    before = alloc.usage()
+    with pytest.raises(ValueError, match="at most 3"):
+        alloc.advance_all(RunWeights(4, 1.0, 0.0))
+    assert alloc.usage() == before and alloc.kv_len(0) == 3
+
+
+def test_lockstep_with_nothing_running():
+    alloc = ContiguousAllocator(64, "buddy", "max", 32)
+    assert alloc.try_append_all()
+    assert alloc.max_advance_all(7) == 7 and alloc.max_advance_all(-1) == 0
+    got = alloc.advance_all(RunWeights(3, 2.0, 1.0))  # 2 + 3 + 4 = 9 seconds
+    assert (got.capacity, got.free, got.token_states, got.unshared) == (64 * 9, 64 * 9, 0, 0)
+    assert alloc.resident_kv() == (0, 0)
+
+
+def test_resident_kv_follows_the_clock_and_new_arrivals():
+    alloc = ContiguousAllocator(256, "first_fit", "oracle", 256, swap_capacity_slots=20)
+    alloc.admit([0], 10, 40)
+    alloc.advance_all(RunWeights(5, 1.0, 0.0))
+    alloc.admit([1], 7, 20)  # arrives after the clock moved
+    assert alloc.resident_kv() == (2, 15 + 7)
+    assert alloc.try_append_all()
+    assert (alloc.kv_len(0), alloc.kv_len(1)) == (16, 8)
+    alloc.fork(1, 2, 30)
+    assert alloc.kv_len(2) == 8
+    alloc.copy_into(1, 2)
+    assert alloc.copied_blocks == 16  # the fork's 8 and the copy's 8
+    alloc.swap_out([0])
+    assert alloc.swap_used_slots == 16 and alloc.resident_kv() == (2, 16)
+    alloc.advance_all(RunWeights(3, 1.0, 0.0))
+    alloc.swap_in([0])
+    assert alloc.resident_kv() == (3, 16 + 11 + 11)
+    assert alloc.try_append_all()
+    assert [alloc.kv_len(s) for s in (0, 1, 2)] == [17, 12, 12]
+    alloc.check()
+
+
+def test_try_append_all_within_targets_never_takes_the_per_sequence_path(monkeypatch):
+    alloc = ContiguousAllocator.from_preset("orca-pow2", 16_384, 512)
+    for seq in range(28):  # final_len 100..127 in regions of 128
+        alloc.admit([seq], 10 + seq, 100 + seq)
+    assert alloc.max_advance_all(1000) == 90  # sequence 0: 100 - 10
+
+    def per_sequence(seq_ids):
+        raise AssertionError("lockstep append took the per-sequence path")
+
+    monkeypatch.setattr(alloc, "try_append", per_sequence)
+    for _ in range(90):
+        assert alloc.try_append_all()
+    assert alloc.kv_len(0) == 100 and alloc.kv_len(27) == 127
+    monkeypatch.undo()
+    assert alloc.try_append_all()  # sequence 0 outgrows its final_len: the per-sequence path
+    u = alloc.usage()
+    assert alloc.kv_len(0) == 101 and u.token_states == sum(range(10, 38)) + 28 * 91
+    assert u.reserved == 0 and u.internal_frag == 28 * 128 - u.token_states
+    alloc.check()
+
+
+@pytest.mark.parametrize(("placement", "reservation"), LOCKSTEP_CASES)
+def test_try_append_all_changes_nothing_when_a_region_is_full(placement, reservation):
+    alloc = ContiguousAllocator(512, placement, reservation, 64)
+    alloc.admit([0], 5, 9)
+    alloc.admit([1], 3, 20)
+    region = alloc.region(0)[1]
+    while alloc.kv_len(0) < region:  # fill sequence 0's region, past its final_len
+        assert alloc.try_append([0])
+    assert not alloc.try_append([0])
+    before = alloc.usage()
+    lengths = (alloc.kv_len(0), alloc.kv_len(1))
+    assert not alloc.try_append_all()
+    assert alloc.usage() == before
+    assert (alloc.kv_len(0), alloc.kv_len(1)) == lengths == (region, 3)
+    assert alloc.resident_kv() == (2, region + 3) and alloc.max_advance_all(5) == 0
+    alloc.check()
+    alloc.free(0)  # the full region leaves: the rest grows again
+    assert alloc.try_append_all() and alloc.kv_len(1) == 4

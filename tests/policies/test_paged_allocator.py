@@ -1,9 +1,12 @@
 """Paged allocator: exact block counts, copy-on-write, swapping, and memory classes."""
 
+import copy
+
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies.kv_allocator import Admission
+from policies.kv_allocator import Admission, RunWeights
 from policies.paged_allocator import PagedAllocator, blocks_for
 
 
@@ -90,10 +93,24 @@ def test_swap_round_trip_keeps_sharing_and_contents():
     a.check()
 
 
+def lockstep_steps_possible(a: PagedAllocator, limit: int) -> int:
+    """Brute force: lockstep appends that succeed on a copy with no copy-on-write and no
+    sequence outgrowing its final length."""
+    twin = copy.deepcopy(a)
+    for k in range(limit):
+        lengths = {s: twin.kv_len(s) for s in twin._room}
+        if any(n >= twin._final[s] for s, n in lengths.items()):
+            return k
+        copies = twin.copied_blocks
+        if not twin.try_append_all() or twin.copied_blocks != copies:
+            return k
+    return limit
+
+
 @st.composite
 def operations(draw):
     return draw(st.lists(st.tuples(st.sampled_from(["admit", "append", "fork", "free", "swap_out", "swap_in",
-                                                    "advance"]),
+                                                    "advance", "append_all"]),
                                    st.integers(0, 10_000), st.integers(1, 40)), max_size=80))
 
 
@@ -132,20 +149,29 @@ def test_random_operations_keep_every_invariant(block_size, ops):
                 a.swap_out([s])
                 live.remove(s)
                 swapped.append(s)
+        elif op == "append_all":
+            before = {s: a.kv_len(s) for s in live}
+            ok = a.try_append_all()
+            assert all(a.kv_len(s) == before[s] + ok for s in live)
         elif op == "advance" and live:
-            group = live[: 1 + pick % len(live)]
-            before = {s: a.kv_len(s) for s in group}
-            k = a.max_advance(group, size)
+            k = a.max_advance_all(size)
+            assert k == lockstep_steps_possible(a, size)
             if k:
-                usage_before = a.usage()
-                series = a.advance(group, k)
-                assert all(a.kv_len(s) == before[s] + k for s in group)
-                last = a.usage()
-                # The series ends where the allocator now is, and starts one step after before.
-                assert series.token_states[-1] == last.token_states
-                assert series.reserved[-1] == last.reserved and series.free[-1] == last.free
-                assert series.internal_frag[-1] == last.internal_frag
-                assert series.token_states[0] == usage_before.token_states + len(group)
+                before = {s: a.kv_len(s) for s in live}
+                run = RunWeights(k, 0.01 + pick / 1e5, (pick % 7) / 1e3)
+                twin = copy.deepcopy(a)
+                integral = a.advance_all(run)
+                assert all(a.kv_len(s) == before[s] + k for s in live)
+                # Brute force: step the twin one append at a time and weigh each state.
+                sums = dict.fromkeys(("token_states", "reserved", "internal_frag", "free", "unshared"), 0.0)
+                for i in range(1, k + 1):
+                    assert twin.try_append_all()
+                    u = twin.usage()
+                    for c in sums:
+                        sums[c] += getattr(u, c) * (run.first + run.slope * (i - 1))
+                for c, v in sums.items():
+                    assert getattr(integral, c) == pytest.approx(v, rel=1e-9, abs=1e-9), c
+                assert a.usage() == twin.usage()
         elif op == "swap_in" and swapped:
             s = swapped[pick % len(swapped)]
             if a.check_swap_in([s], 0) is Admission.OK:

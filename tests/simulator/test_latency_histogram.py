@@ -34,6 +34,23 @@ def test_a_run_of_growing_gaps_counts_like_adding_one_by_one(a, b, n, times):
         assert bulk.quantile(q) == pytest.approx(single.quantile(q), rel=2.1e-3)  # at most one bucket apart
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.floats(1e-4, 1.0), st.floats(0, 1e-3), st.integers(1, 3000), st.integers(1, 5))
+def test_linear_run_in_closed_form_counts_like_adding_one_by_one(a, b, n, times):
+    closed, single = LatencyHistogram(), LatencyHistogram()
+    closed.add_linear(a, b, n, times)
+    for i in range(n):
+        single.add(a + b * i, times)
+    assert closed.count == single.count == n * times
+    assert closed.total == pytest.approx(single.total, rel=1e-9)
+    # Every bucket holds the same count, up to values that sit on a bucket edge.
+    moved = sum(abs(closed._counts.get(k, 0) - single._counts.get(k, 0))
+                for k in set(closed._counts) | set(single._counts))
+    assert moved <= 2 * times * 2
+    for q in (0.01, 0.5, 0.99, 1.0):
+        assert closed.quantile(q) == pytest.approx(single.quantile(q), rel=2.1e-3)
+
+
 def test_unsorted_values_and_merge():
     h, other = LatencyHistogram(), LatencyHistogram()
     h.add_many(np.array([0.3, 0.1, 0.2]))

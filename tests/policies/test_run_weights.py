@@ -1,0 +1,18 @@
+"""RunWeights: the closed forms allocators integrate memory against equal the plain sums."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policies.kv_allocator import RunWeights
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 300), st.floats(1e-4, 1.0), st.floats(0, 1e-2), st.data())
+def test_run_weights_closed_forms_match_sums(steps, first, slope, data):
+    run = RunWeights(steps, first, slope)
+    d = [first + slope * (i - 1) for i in range(1, steps + 1)]
+    assert run.total == pytest.approx(sum(d), rel=1e-12)
+    assert run.ramp == pytest.approx(sum(i * x for i, x in enumerate(d, 1)), rel=1e-12)
+    j = data.draw(st.integers(1, steps + 1))
+    assert run.tail(j) == pytest.approx(sum(d[j - 1:]), rel=1e-12, abs=1e-15)
