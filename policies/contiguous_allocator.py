@@ -284,7 +284,7 @@ class ContiguousAllocator(KVAllocator):
             return max(limit, 0)
         return max(min(limit, min(self._room_to_target.values()) - self._clock), 0)
 
-    def advance_all(self, run: RunWeights) -> MemoryUsage:
+    def advance_all(self, run: RunWeights, now: MemoryUsage | None = None) -> MemoryUsage:
         """Make ``run.steps`` lockstep appends; return each class's integral in slot-seconds.
 
         With ``n`` running sequences, after the ``i``-th append
@@ -297,7 +297,7 @@ class ContiguousAllocator(KVAllocator):
             raise ValueError(
                 f"cannot advance {k} lockstep steps: at most {self.max_advance_all(max(k, 0))}"
             )
-        u = self.usage()
+        u = now if now is not None else self.usage()
         n = len(self._base)
         total, ramp = run.total, run.ramp
         grown = n * ramp  # slot-seconds that moved from reserved to token_states

@@ -97,6 +97,16 @@ class RunWeights:
             return 0.0
         return m * self.first + self.slope * ((j - 1 + k - 1) * m / 2)
 
+    def tails(self, j: int, every: int, count: int) -> float:
+        """Sum of ``tail(j + m * every)`` for m = 0..count-1 (a bucket of sequences that
+        take a block every ``every`` iterations), in closed form."""
+        if count <= 0:
+            return 0.0
+        a, M = j - 1, count  # tail(t) = total - elapsed(t - 1); elapsed is quadratic
+        sx = M * a + every * (M * (M - 1) / 2)
+        sxx = M * a * a + a * every * M * (M - 1) + every * every * ((M - 1) * M * (2 * M - 1) / 6)
+        return M * self.total - (self.first * sx + self.slope * (sxx - sx) / 2)
+
     @property
     def ramp(self) -> float:
         """Sum over iterations of ``i * seconds(i)``: the integral of a quantity growing by 1 per iteration."""
@@ -192,11 +202,12 @@ class KVAllocator(ABC):
         """
         return 0
 
-    def advance_all(self, run: RunWeights) -> MemoryUsage:
+    def advance_all(self, run: RunWeights, now: MemoryUsage | None = None) -> MemoryUsage:
         """Apply ``run.steps`` lockstep appends at once (at most ``max_advance_all``).
 
         Returns each class's integral over the run, in slot-seconds: the sum over
         iterations of the class after that iteration's append times its duration.
+        ``now`` is ``usage()`` before the run, when the caller already has it.
         """
         raise NotImplementedError(f"{type(self).__name__} does not support macro-stepping")
 

@@ -425,7 +425,7 @@ class PagedAllocator(KVAllocator):
             k += 1
         return k
 
-    def advance_all(self, run: RunWeights) -> MemoryUsage:
+    def advance_all(self, run: RunWeights, now: MemoryUsage | None = None) -> MemoryUsage:
         """Apply ``run.steps`` lockstep appends; integrate the classes in closed form.
 
         Only sequences that cross a block boundary are visited (to extend their
@@ -433,31 +433,37 @@ class PagedAllocator(KVAllocator):
         sequences times the steps. Each new block adds ``block_size`` allocated
         slots from its iteration on; a sequence entering the block that holds its
         final length turns the slots past it into internal fragmentation.
+        ``now``: ``usage()``, if the caller already has it.
         """
         k, B, c0 = run.steps, self.block_size, self._clock
-        start = self.usage()
+        start = now if now is not None else self.usage()
+        D, first, slope = run.total, run.first, run.slope
         due, tables, filled, final = self._due, self._tables, self._filled, self._final
-        plan = []  # (bucket, ticks it crosses at) for the buckets that cross during the run
-        total = 0
-        for j in range(1, min(k, B) + 1):
-            bucket = due[-(c0 + j - 1) % B]
-            if bucket:
-                ticks = range(j, k + 1, B)
-                plan.append((bucket, ticks))
-                total += len(bucket) * len(ticks)
-        fresh = self._take_many(total)  # fresh blocks read as full
-        at = 0
         block_seconds = 0.0  # sum over new blocks of how long they are held during the run (s)
         over_seconds = 0.0  # sum over slots past final lengths of how long (s)
-        over_added = 0
-        for bucket, ticks in plan:
-            m = len(ticks)
-            block_seconds += len(bucket) * sum(run.tail(t) for t in ticks)
-            last_tail = run.tail(ticks[-1])
+        over_added = taken = 0
+        for j in range(1, min(k, B) + 1):
+            bucket = due[-(c0 + j - 1) % B]
+            if not bucket:
+                continue
+            m = (k - j) // B + 1  # crossings of each sequence in the bucket: iterations j, j + B, ...
+            if m == 1:
+                x = j - 1
+                last_tail = D - (first * x + slope * (x * (x - 1) / 2))  # = run.tail(j)
+                block_seconds += len(bucket) * last_tail
+            else:
+                block_seconds += len(bucket) * run.tails(j, B, m)
+                last_tail = run.tail(j + (m - 1) * B)
+            fresh = self._take_many(len(bucket) * m)  # fresh blocks read as full
+            taken += len(fresh)
+            at = 0
             for s in bucket:
                 table = tables[s]
                 filled[table[-1]] = B  # the old last block is full now
-                table.extend(fresh[at:at + m])
+                if m == 1:
+                    table.append(fresh[at])
+                else:
+                    table.extend(fresh[at:at + m])
                 at += m
                 over = len(table) * B - final[s]
                 if over > 0:  # only its last crossing can reach past the final length
@@ -466,9 +472,9 @@ class PagedAllocator(KVAllocator):
         n = self._res_seqs
         self._clock += k
         self._token_states += n * k
-        self._res_blocks += total
+        self._res_blocks += taken
         self._res_over += over_added
-        D, ramp = run.total, run.ramp
+        ramp = run.ramp
         token_states = start.token_states * D + n * ramp
         reserved = start.reserved * D + B * block_seconds - n * ramp - over_seconds
         free = start.free * D - B * block_seconds

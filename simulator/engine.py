@@ -208,7 +208,7 @@ class Simulation:
         """One row for a step and the run of identical decode iterations after it; memory
         classes are their duration-weighted means, so time-weighted summaries stay exact."""
         first = replica.scheduler.alloc.usage()
-        integral = replica.scheduler.advance(run)  # slot-seconds over the run
+        integral = replica.scheduler.advance(run, first)  # slot-seconds over the run
         total = d0 + run.total
         first_unshared = first.unshared or (first.capacity - first.free)
         usage = MemoryUsage(

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from policies.kv_allocator import Admission, KVAllocator, RunWeights
+from policies.kv_allocator import Admission, KVAllocator, MemoryUsage, RunWeights
 from simulator.cost_model.base import BatchShape, causal_attention_pairs
 from simulator.decoding import beam_parent_counts, prefix_contents, sample_targets
 from simulator.latency_histogram import LatencyHistogram
@@ -392,9 +392,10 @@ class Scheduler:
             return 0
         return self.alloc.max_advance_all(fewest)
 
-    def advance(self, run: RunWeights):
-        """Apply the run's further decode iterations to memory; return the classes' integrals."""
-        return self.alloc.advance_all(run)
+    def advance(self, run: RunWeights, now: MemoryUsage):
+        """Apply the run's further decode iterations to memory (``now``: its usage before);
+        return the classes' integrals."""
+        return self.alloc.advance_all(run, now)
 
     # --- after the step ----------------------------------------------------------------
     def complete(self, step: Step, now: float, run: RunWeights | None = None) -> None:

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import add, itemgetter, mul
 
 import numpy as np
 import pandas as pd
@@ -54,6 +56,12 @@ MEASURED = ("batched_requests",) + CLASSES  # averaged over the measurement wind
 Window = str | tuple[float | None, float | None]
 
 _COL = {c: i for i, c in enumerate(STEP_COLUMNS)}
+_counters_of = itemgetter(*(_COL[c] for c in COUNTERS))
+_measured_of = itemgetter(*(_COL[c] for c in MEASURED))
+_allocated_of = itemgetter(_COL["token_states"], _COL["reserved"], _COL["internal_frag"])
+_DURATION, _START, _PREFILL, _RECOMPUTE, _SWAP_S, _WAITING, _UNSHARED = (
+    _COL[c] for c in ("duration_s", "start_s", "prefill_tokens", "recompute_tokens", "swap_s", "waiting",
+                      "unshared_slots"))
 
 
 @dataclass
@@ -125,6 +133,8 @@ class StepLog:
         self._first_wait: list[float] | None = None
         self._last_wait: list[float] | None = None
         self._cum = [0.0] * (1 + len(MEASURED))
+        self._counter_sums = [0.0] * len(COUNTERS)
+        self._measured_sums = [0.0] * len(MEASURED)
 
     def append(self, row: tuple) -> None:
         """One row, values in ``STEP_COLUMNS`` order."""
@@ -136,35 +146,32 @@ class StepLog:
             self._accumulate(row)
 
     def _accumulate(self, row: tuple) -> None:
-        t, w = self._totals, row[_COL["duration_s"]]
+        t, w = self._totals, row[_DURATION]
         t.rows += 1
         t.busy_s += w
-        counters = t.counters
-        for c in COUNTERS:
-            counters[c] += row[_COL[c]]
-        prefill = row[_COL["prefill_tokens"]]
+        self._counter_sums = list(map(add, self._counter_sums, _counters_of(row)))
+        prefill = row[_PREFILL]
         if prefill:
-            t.recompute_time_s += row[_COL["recompute_tokens"]] / prefill * (w - row[_COL["swap_s"]])
-        t.allocated_slot_s += w * (row[_COL["token_states"]] + row[_COL["reserved"]] + row[_COL["internal_frag"]])
-        t.unshared_slot_s += w * row[_COL["unshared_slots"]]
-        weighted = [w] + [w * row[_COL[c]] for c in MEASURED]
+            t.recompute_time_s += row[_RECOMPUTE] / prefill * (w - row[_SWAP_S])
+        t.allocated_slot_s += w * sum(_allocated_of(row))
+        t.unshared_slot_s += w * row[_UNSHARED]
+        weighted = list(map(mul, repeat(w), _measured_of(row)))
         window = self.window
         if window == "saturated":
-            waiting = row[_COL["waiting"]] > 0
+            waiting = row[_WAITING] > 0
             if waiting and self._first_wait is None:
                 self._first_wait = list(self._cum)
-            self._cum = [a + b for a, b in zip(self._cum, weighted)]
+            self._cum = list(map(add, self._cum, [w, *weighted]))
             if waiting:
                 self._last_wait = list(self._cum)
             return
-        if isinstance(window, tuple):
+        if window != "busy":
             start, end = window
-            begin = row[_COL["start_s"]]
+            begin = row[_START]
             if (start is not None and begin < start) or (end is not None and begin >= end):
                 return
         t.measured_s += w
-        for c, v in zip(MEASURED, weighted[1:]):
-            t.measured[c] += v
+        self._measured_sums = list(map(add, self._measured_sums, weighted))
 
     def __len__(self) -> int:
         return self._rows
@@ -174,6 +181,8 @@ class StepLog:
         if self.keep_rows:
             return StepTotals.from_frame(self.frame(), self.window)
         t = self._totals
+        t.counters = dict(zip(COUNTERS, self._counter_sums))
+        t.measured = dict(zip(MEASURED, self._measured_sums))
         if self.window == "saturated":
             if self._first_wait is not None and self._last_wait is not None:
                 diff = [b - a for a, b in zip(self._first_wait, self._last_wait)]

@@ -16,3 +16,7 @@ def test_run_weights_closed_forms_match_sums(steps, first, slope, data):
     assert run.ramp == pytest.approx(sum(i * x for i, x in enumerate(d, 1)), rel=1e-12)
     j = data.draw(st.integers(1, steps + 1))
     assert run.tail(j) == pytest.approx(sum(d[j - 1:]), rel=1e-12, abs=1e-15)
+    every = data.draw(st.integers(1, 64))
+    count = len(range(j, steps + 1, every))
+    expected = sum(run.tail(t) for t in range(j, steps + 1, every))
+    assert run.tails(j, every, count) == pytest.approx(expected, rel=1e-9, abs=1e-12)
