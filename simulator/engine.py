@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 
 import simpy
 
-from policies.kv_allocator import KVAllocator, MemoryUsage, RunWeights
+from policies.kv_allocator import KVAllocator, RunWeights
 from simulator.cost_model.base import CostModel
-from simulator.memory_classes import classify
+from simulator.memory_classes import split_free
 from simulator.metrics import RequestLog, request_row
 from simulator.scheduler import Scheduler, SchedulerSettings, Step
 from simulator.sequence import SequenceGroup
@@ -153,8 +153,10 @@ class Simulation:
                 continue
             overlap = bool(swap) and replica.pcie is not None
             # Rows are written as steps start, so they stay in time order across replicas.
+            u = sched.alloc.usage()
             self._record(replica, step, start, max(compute, swap) if overlap else compute + swap, 1,
-                         self._state(replica, sched.alloc.usage()), swap)
+                         self._state(replica, u.token_states, u.reserved, u.internal_frag, u.free,
+                                     u.unshared or (u.capacity - u.free)), swap)
             if overlap:
                 yield env.all_of([env.timeout(compute), env.process(self._transfer(replica, swap))])
             else:
@@ -187,12 +189,13 @@ class Simulation:
 
     # --- records --------------------------------------------------------------------
     @staticmethod
-    def _state(replica: Replica, usage: MemoryUsage) -> tuple:
-        """Memory classes and queue lengths as the step starts (what the step is weighted by)."""
+    def _state(replica: Replica, token_states: float, reserved: float, internal_frag: float, free: float,
+               unshared: float) -> tuple:
+        """Queue lengths and memory classes (slots) as the step starts: what the step is weighted by."""
         sched = replica.scheduler
-        mem = classify(usage, bool(sched.waiting), sched.blocked)
-        unshared = usage.unshared or (usage.capacity - usage.free)
-        return (len(sched.waiting), len(sched.swapped), *mem.as_tuple(), unshared)
+        waiting = sched.waiting
+        return (len(waiting), len(sched.swapped), token_states, reserved, internal_frag,
+                *split_free(free, bool(waiting), sched.blocked), unshared)
 
     def _record(self, replica: Replica, step: Step, start: float, duration: float, iterations: int,
                 state: tuple, swap_s: float = 0.0) -> None:
@@ -207,19 +210,18 @@ class Simulation:
     def _record_run(self, replica: Replica, step: Step, start: float, d0: float, run: RunWeights) -> None:
         """One row for a step and the run of identical decode iterations after it; memory
         classes are their duration-weighted means, so time-weighted summaries stay exact."""
-        first = replica.scheduler.alloc.usage()
-        integral = replica.scheduler.advance(run, first)  # slot-seconds over the run
+        u = replica.scheduler.alloc.usage()
+        i = replica.scheduler.advance(run, u)  # slot-seconds over the run
         total = d0 + run.total
-        first_unshared = first.unshared or (first.capacity - first.free)
-        usage = MemoryUsage(
-            capacity=first.capacity,
-            token_states=(first.token_states * d0 + integral.token_states) / total,
-            reserved=(first.reserved * d0 + integral.reserved) / total,
-            internal_frag=(first.internal_frag * d0 + integral.internal_frag) / total,
-            free=(first.free * d0 + integral.free) / total,
-            unshared=(first_unshared * d0 + integral.unshared) / total,
+        state = self._state(
+            replica,
+            (u.token_states * d0 + i.token_states) / total,
+            (u.reserved * d0 + i.reserved) / total,
+            (u.internal_frag * d0 + i.internal_frag) / total,
+            (u.free * d0 + i.free) / total,
+            ((u.unshared or (u.capacity - u.free)) * d0 + i.unshared) / total,
         )
-        self._record(replica, step, start, total, 1 + run.steps, self._state(replica, usage))
+        self._record(replica, step, start, total, 1 + run.steps, state)
 
     def _stall_message(self, replica: Replica) -> str:
         s = replica.scheduler

@@ -75,6 +75,11 @@ class LatencyHistogram:
         c = self._counts
         b = math.floor(math.log(first) / _LOG_BASE)
         b_last = math.floor(math.log(last) / _LOG_BASE)
+        self.total += (count * first + slope * (count * (count - 1) / 2)) * times
+        self.count += count * times
+        if b == b_last:  # the whole run in one bucket (the common case)
+            c[b] = c.get(b, 0) + count * times
+            return
         done = 0  # values already filed
         if count < b_last - b:  # fewer values than buckets: file each value
             for i in range(count):
@@ -91,8 +96,6 @@ class LatencyHistogram:
             b += 1
         if done < count:
             c[b_last] = c.get(b_last, 0) + (count - done) * times
-        self.total += (count * first + slope * (count * (count - 1) / 2)) * times
-        self.count += count * times
 
     def merge(self, other: LatencyHistogram) -> None:
         for b, n in other._counts.items():

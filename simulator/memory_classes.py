@@ -35,8 +35,8 @@ class MemorySnapshot:
         )
 
 
-def classify(usage: MemoryUsage, waiting: bool, blocked: object) -> MemorySnapshot:
-    """Split free slots by why they are free.
+def split_free(free: float, waiting: bool, blocked: object) -> tuple[float, float, float]:
+    """Split free slots by why they are free: (external_frag, stranded_free, idle_free).
 
     - nothing waits -> ``idle_free``;
     - the head of the queue waits although the total free space would hold it
@@ -44,12 +44,14 @@ def classify(usage: MemoryUsage, waiting: bool, blocked: object) -> MemorySnapsh
     - otherwise (too little free space, the watermark, batch limits, swapped
       groups first) -> ``stranded_free``: the paper's "& others".
     """
-    free = usage.free
-    external = stranded = idle = 0
     if not waiting:
-        idle = free
-    elif blocked is Admission.FRAGMENTED:
-        external = free
-    else:
-        stranded = free
-    return MemorySnapshot(usage.token_states, usage.reserved, usage.internal_frag, external, stranded, idle)
+        return 0, 0, free
+    if blocked is Admission.FRAGMENTED:
+        return free, 0, 0
+    return 0, free, 0
+
+
+def classify(usage: MemoryUsage, waiting: bool, blocked: object) -> MemorySnapshot:
+    """All six classes at one instant (see ``split_free`` for the free slots)."""
+    return MemorySnapshot(usage.token_states, usage.reserved, usage.internal_frag,
+                          *split_free(usage.free, waiting, blocked))

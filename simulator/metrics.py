@@ -36,22 +36,42 @@ _TIME_COLUMNS = ("arrival_s", "scheduled_s", "first_token_s", "finish_s")  # may
 
 
 class RequestLog:
-    """One row per request that ended, stored by column (8 bytes a number, not a tuple of objects)."""
+    """One row per request that ended, stored by column (8 bytes a number, not a tuple of objects).
+
+    Rows wait in a short buffer and move to the columns in bulk (a transpose and
+    one ``extend`` per column), which is cheaper than appending value by value.
+    """
+
+    _FLUSH = 4096  # rows buffered before they move to the columns
 
     def __init__(self) -> None:
         self._cols: dict[str, array | list] = {
             c: [] if c in _TEXT_COLUMNS else array("d" if c in _TIME_COLUMNS else "q") for c in REQUEST_COLUMNS
         }
         self._arrays = list(self._cols.values())
+        self._nullable = [c in _TIME_COLUMNS for c in REQUEST_COLUMNS]  # None means NaN there
+        self._buffer: list[tuple] = []
+        self._rows = 0
 
     def append(self, row: tuple) -> None:
-        for col, value in zip(self._arrays, row):
-            col.append(float("nan") if value is None and isinstance(col, array) else value)
+        self._buffer.append(row)
+        self._rows += 1
+        if len(self._buffer) >= self._FLUSH:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._buffer:
+            return
+        nan = float("nan")
+        for col, values, nullable in zip(self._arrays, zip(*self._buffer), self._nullable):
+            col.extend([nan if v is None else v for v in values] if nullable else values)
+        self._buffer.clear()
 
     def __len__(self) -> int:
-        return len(self._cols["request_id"])
+        return self._rows
 
     def frame(self) -> pd.DataFrame:
+        self._flush()
         df = pd.DataFrame({c: (np.frombuffer(v, dtype=np.float64 if v.typecode == "d" else np.int64).copy()
                                if isinstance(v, array) and len(v) else (list(v) if not isinstance(v, array)
                                                                          else np.zeros(0)))
