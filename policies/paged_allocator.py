@@ -439,14 +439,18 @@ class PagedAllocator(KVAllocator):
         start = now if now is not None else self.usage()
         D, first, slope = run.total, run.first, run.slope
         due, tables, filled, final = self._due, self._tables, self._filled, self._final
+        top = min(k, B)  # iteration j (and j + B, ...) takes a block for each sequence in one bucket
+        taken = sum(len(due[-(c0 + j - 1) % B]) * ((k - j) // B + 1) for j in range(1, top + 1))
+        fresh = self._take_many(taken)  # fresh blocks read as full
+        at = 0
         block_seconds = 0.0  # sum over new blocks of how long they are held during the run (s)
         over_seconds = 0.0  # sum over slots past final lengths of how long (s)
-        over_added = taken = 0
-        for j in range(1, min(k, B) + 1):
+        over_added = 0
+        for j in range(1, top + 1):
             bucket = due[-(c0 + j - 1) % B]
             if not bucket:
                 continue
-            m = (k - j) // B + 1  # crossings of each sequence in the bucket: iterations j, j + B, ...
+            m = (k - j) // B + 1  # blocks each sequence of the bucket takes
             if m == 1:
                 x = j - 1
                 last_tail = D - (first * x + slope * (x * (x - 1) / 2))  # = run.tail(j)
@@ -454,9 +458,6 @@ class PagedAllocator(KVAllocator):
             else:
                 block_seconds += len(bucket) * run.tails(j, B, m)
                 last_tail = run.tail(j + (m - 1) * B)
-            fresh = self._take_many(len(bucket) * m)  # fresh blocks read as full
-            taken += len(fresh)
-            at = 0
             for s in bucket:
                 table = tables[s]
                 filled[table[-1]] = B  # the old last block is full now

@@ -209,7 +209,11 @@ class Scheduler:
         g.status = Status.RUNNING
         if g.first_scheduled is None:
             g.first_scheduled = self.now
-        bisect.insort(self.running, g, key=lambda x: x.sort_key)
+        running = self.running
+        if not running or running[-1].sort_key <= g.sort_key:  # the usual case: the latest arrival
+            running.append(g)
+        else:
+            bisect.insort(running, g, key=lambda x: x.sort_key)
         g.fresh = True
         self._fresh.append(g)
         self._expect_finish(g)
