@@ -145,17 +145,21 @@ class Simulation:
             swap = cost.swap_time(step.swap_out_blocks, step.swap_out_slots) + cost.swap_time(
                 step.swap_in_blocks, step.swap_in_slots)
             extra = sched.run_length(step, self.max_run) if self.macro_steps else 0
-            run = self._plan_run(step, cost, extra, start + compute, bool(sched.waiting)) if extra else None
+            run = (self._plan_run(cost, step.shape.decode_seqs, step.shape.decode_context, extra, start + compute,
+                                  bool(sched.waiting)) if extra else None)
             if run is not None:  # swap is 0 here: runs never preempt or swap in
-                self._record_run(replica, step, start, compute, run)
-                yield env.timeout(compute + run.total)
-                sched.complete(step, env.now, run)
+                end, pending, first = self._run(replica, step, start, compute, run)
+                yield env.timeout(end - start)
+                if pending is not None and first:
+                    sched.complete(step, env.now, pending)
+                elif pending is not None:
+                    sched.complete_run(pending, env.now)
                 continue
             overlap = bool(swap) and replica.pcie is not None
             # Rows are written as steps start, so they stay in time order across replicas.
             u = sched.alloc.usage()
             self._record(replica, step, start, max(compute, swap) if overlap else compute + swap, 1,
-                         self._state(replica, u.token_states, u.reserved, u.internal_frag, u.free,
+                         step.shape.decode_seqs, step.num_groups, self._state(replica, u.token_states, u.reserved, u.internal_frag, u.free,
                                      u.unshared or (u.capacity - u.free)), swap)
             if overlap:
                 yield env.all_of([env.timeout(compute), env.process(self._transfer(replica, swap))])
@@ -169,14 +173,15 @@ class Simulation:
             yield link
             yield self.env.timeout(seconds)
 
-    def _plan_run(self, step: Step, cost: CostModel, extra: int, first_end: float, waiting: bool) -> RunWeights | None:
-        """Up to ``extra`` decode iterations after ``step``, in closed form (None: none).
+    def _plan_run(self, cost: CostModel, n: int, c0: int, extra: int, first_end: float,
+                  waiting: bool) -> RunWeights | None:
+        """Up to ``extra`` decode iterations of ``n`` sequences holding ``c0`` tokens, starting
+        at ``first_end`` (s), in closed form (None: none).
 
         Context grows by one token per sequence per iteration, so iteration i lasts
-        ``a + b * (C0 + n * i)``. With nothing waiting, an arrival may be admitted at
+        ``a + b * (c0 + n * i)``. With nothing waiting, an arrival may be admitted at
         the next step boundary, so the run stops at the first boundary at or after it.
         """
-        n, c0 = step.shape.decode_seqs, step.shape.decode_context
         a, b = cost.decode_coefficients(n)
         run = RunWeights(extra, a + b * (c0 + n), b * n)
         if waiting or self.next_arrival == float("inf"):
@@ -198,30 +203,63 @@ class Simulation:
                 *split_free(free, bool(waiting), sched.blocked), unshared)
 
     def _record(self, replica: Replica, step: Step, start: float, duration: float, iterations: int,
-                state: tuple, swap_s: float = 0.0) -> None:
+                decode_tokens: int, groups: float, state: tuple, swap_s: float = 0.0) -> None:
         shape = step.shape
         self.steps.append((
             replica.index, start, duration, iterations, shape.prefill_tokens, step.recompute_tokens,
-            step.cached_tokens, shape.decode_seqs * iterations, step.num_groups, step.preempted_swap,
+            step.cached_tokens, decode_tokens, groups, step.preempted_swap,
             step.preempted_recompute, step.aborted, step.swap_out_blocks, step.swap_in_blocks,
             step.swap_out_slots, step.swap_in_slots, swap_s, step.cow_copies, *state,
         ))
 
-    def _record_run(self, replica: Replica, step: Step, start: float, d0: float, run: RunWeights) -> None:
-        """One row for a step and the run of identical decode iterations after it; memory
-        classes are their duration-weighted means, so time-weighted summaries stay exact."""
-        u = replica.scheduler.alloc.usage()
-        i = replica.scheduler.advance(run, u)  # slot-seconds over the run
-        total = d0 + run.total
-        state = self._state(
-            replica,
-            (u.token_states * d0 + i.token_states) / total,
-            (u.reserved * d0 + i.reserved) / total,
-            (u.internal_frag * d0 + i.internal_frag) / total,
-            (u.free * d0 + i.free) / total,
-            ((u.unshared or (u.capacity - u.free)) * d0 + i.unshared) / total,
-        )
-        self._record(replica, step, start, total, 1 + run.steps, state)
+    def _run(self, replica: Replica, step: Step, start: float, d0: float,
+             run: RunWeights) -> tuple[float, RunWeights | None, bool]:
+        """Apply ``step``'s run of identical decode iterations, and go on past finishes
+        while no admission can follow them; write one row for it all.
+
+        Groups that finish before the next arrival are retired now, at their finish
+        time: nothing can observe the replica before then. Returns the run's end (s)
+        and the part still to complete when the engine wakes there (None: nothing),
+        with whether it is ``step``'s own run.
+        """
+        sched, alloc, cost = replica.scheduler, replica.scheduler.alloc, replica.cost
+        u = alloc.usage()
+        groups = step.num_groups
+        # Duration-weighted sums: seconds, group-seconds and slot-seconds by class.
+        seconds, group_s = d0, groups * d0
+        token_s, reserved_s, internal_s, free_s = u.token_states * d0, u.reserved * d0, u.internal_frag * d0, u.free * d0
+        unshared_s = (u.unshared or (u.capacity - u.free)) * d0
+        iterations, tokens = 1, step.shape.decode_seqs
+        t, first = start + d0, True
+        while True:
+            n = alloc.resident_kv()[0]
+            i = sched.advance(run, u)  # slot-seconds over the run
+            token_s += i.token_states
+            reserved_s += i.reserved
+            internal_s += i.internal_frag
+            free_s += i.free
+            unshared_s += i.unshared
+            seconds += run.total
+            group_s += groups * run.total
+            iterations += run.steps
+            tokens += n * run.steps
+            t += run.total
+            if t >= self.next_arrival:  # an arrival comes first: the engine wakes at t
+                break
+            if first:
+                sched.complete(step, t, run)
+            else:
+                sched.complete_run(run, t)
+            k = sched.continue_length(self.max_run)
+            n, c0 = alloc.resident_kv()
+            run = self._plan_run(cost, n, c0, k, t, False) if k else None
+            if run is None:
+                break
+            first, u, groups = False, alloc.usage(), len(sched.running)
+        state = self._state(replica, token_s / seconds, reserved_s / seconds, internal_s / seconds,
+                            free_s / seconds, unshared_s / seconds)
+        self._record(replica, step, start, seconds, iterations, tokens, group_s / seconds, state)
+        return t, run, first
 
     def _stall_message(self, replica: Replica) -> str:
         s = replica.scheduler

@@ -401,6 +401,19 @@ class Scheduler:
         return the classes' integrals."""
         return self.alloc.advance_all(run, now)
 
+    def continue_length(self, limit: int) -> int:
+        """After a run's finishes were retired: how many more identical decode iterations
+        follow at once (0: the next step must be scheduled as usual).
+
+        Only when no admission or swap-in can follow a finish (nothing waits, nothing
+        is swapped out) and no beams fork; the run goes on until the next finish.
+        """
+        if self.waiting or self.swapped or self.beam_groups or not self.running:
+            return 0
+        due = self._next_due()
+        k = min(limit, due - self.clock.ticks) if due is not None else limit
+        return self.alloc.max_advance_all(k) if k > 0 else 0
+
     # --- after the step ----------------------------------------------------------------
     def complete(self, step: Step, now: float, run: RunWeights | None = None) -> None:
         """Every scheduled sequence gained one token (or one per iteration of a run:
@@ -425,10 +438,24 @@ class Scheduler:
             self._fresh.clear()
             if steady:
                 self.itl.add(first_end - self._last_decode_end, steady)
+            self.clock.ticks += 1
+            self._last_decode_end = first_end
             if run is not None:
-                self.itl.add_linear(run.first, run.slope, run.steps, step.shape.decode_seqs)
-            self.clock.ticks += 1 + (run.steps if run is not None else 0)
-            self._last_decode_end = now
+                self._run_done(run, step.shape.decode_seqs, now)
+        self._retire_due(now)
+
+    def complete_run(self, run: RunWeights, now: float) -> None:
+        """A run that went on past a finish (no step of its own) ended at ``now``: every
+        running sequence gained one token per iteration."""
+        self._run_done(run, self.alloc.resident_kv()[0], now)
+        self._retire_due(now)
+
+    def _run_done(self, run: RunWeights, seqs: int, now: float) -> None:
+        self.itl.add_linear(run.first, run.slope, run.steps, seqs)
+        self.clock.ticks += run.steps
+        self._last_decode_end = now
+
+    def _retire_due(self, now: float) -> None:
         heap = self._finishes
         while heap and heap[0][0] <= self.clock.ticks:
             due, _, _, g = heapq.heappop(heap)
