@@ -104,3 +104,18 @@ def test_totals_without_rows_equal_totals_from_rows(window):
     for c, v in kept.measured.items():
         assert online.measured[c] == pytest.approx(v, rel=1e-9, abs=1e-6), c
     assert isinstance(StepTotals.from_frame(sims[0].steps.frame(), window), StepTotals)
+
+
+def test_runs_go_on_past_finishes_when_nothing_waits():
+    # Light load: nothing ever waits, so a run ends only at an arrival (or memory);
+    # requests that finish inside it retire at their own time.
+    reqs = poisson_trace(300, 1.0, 11, prompt=(10, 200), output=(20, 300))
+    one, _, s_one = run(reqs, ALLOCATORS["paged-16"], macro=False)
+    many, steps, s_many = run(reqs, ALLOCATORS["paged-16"], macro=True)
+    assert (steps["waiting"] == 0).all()
+    batch = steps["batched_requests"].to_numpy()
+    assert (batch != np.round(batch)).any()  # some rows' batch shrank part-way: a finish inside the run
+    # About one prefill row and one run row per request (a run no longer ends at each finish).
+    assert len(steps) <= 2 * len(reqs) + 5
+    np.testing.assert_allclose(one["finish_s"].to_numpy(float), many["finish_s"].to_numpy(float), rtol=1e-9)
+    assert s_many["mean_batched_requests"] == pytest.approx(s_one["mean_batched_requests"], rel=1e-9)
