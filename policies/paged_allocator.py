@@ -439,17 +439,18 @@ class PagedAllocator(KVAllocator):
         start = now if now is not None else self.usage()
         D, first, slope = run.total, run.first, run.slope
         due, tables, filled, final = self._due, self._tables, self._filled, self._final
-        top = min(k, B)  # iteration j (and j + B, ...) takes a block for each sequence in one bucket
-        taken = sum(len(due[-(c0 + j - 1) % B]) * ((k - j) // B + 1) for j in range(1, top + 1))
+        # Iteration j (and j + B, ...) takes a block for each sequence of bucket (c0 + j - 1) % B
+        # counted backwards: the buckets in the order the run reaches them.
+        r0 = -c0 % B
+        order = (due[r0::-1] + due[:r0:-1])[:min(k, B)]
+        crossing = [(j, bucket) for j, bucket in enumerate(order, 1) if bucket]
+        taken = sum(len(bucket) * ((k - j) // B + 1) for j, bucket in crossing)
         fresh = self._take_many(taken)  # fresh blocks read as full
         at = 0
         block_seconds = 0.0  # sum over new blocks of how long they are held during the run (s)
         over_seconds = 0.0  # sum over slots past final lengths of how long (s)
         over_added = 0
-        for j in range(1, top + 1):
-            bucket = due[-(c0 + j - 1) % B]
-            if not bucket:
-                continue
+        for j, bucket in crossing:
             m = (k - j) // B + 1  # blocks each sequence of the bucket takes
             if m == 1:
                 x = j - 1
