@@ -101,6 +101,8 @@ class Simulation:
         self.router = Router(self.replicas, router)
         self.arrivals_done = False
         self.next_arrival = float("inf")  # arrival time of the next request not yet dispatched (s)
+        # An explicit measurement window's edges (s): a row must not straddle one.
+        self._edges = sorted(e for e in window if e is not None) if isinstance(window, tuple) else []
         self.macro_steps = macro_steps  # advance runs of identical decode steps in closed form
         self.max_run = max_run  # at most this many iterations per run (bounds numpy work per run)
 
@@ -145,10 +147,13 @@ class Simulation:
             swap = cost.swap_time(step.swap_out_blocks, step.swap_out_slots) + cost.swap_time(
                 step.swap_in_blocks, step.swap_in_slots)
             extra = sched.run_length(step, self.max_run) if self.macro_steps else 0
+            edge = next((e for e in self._edges if e > start), float("inf"))
+            # With nothing waiting, an arrival may be admitted at the next step boundary.
+            cut = edge if sched.waiting else min(edge, self.next_arrival)
             run = (self._plan_run(cost, step.shape.decode_seqs, step.shape.decode_context, extra, start + compute,
-                                  bool(sched.waiting)) if extra else None)
+                                  cut) if extra else None)
             if run is not None:  # swap is 0 here: runs never preempt or swap in
-                end, pending, first = self._run(replica, step, start, compute, run)
+                end, pending, first = self._run(replica, step, start, compute, run, edge)
                 yield env.timeout(end - start)
                 if pending is not None and first:
                     sched.complete(step, env.now, pending)
@@ -158,9 +163,10 @@ class Simulation:
             overlap = bool(swap) and replica.pcie is not None
             # Rows are written as steps start, so they stay in time order across replicas.
             u = sched.alloc.usage()
+            state = self._state(replica, u.token_states, u.reserved, u.internal_frag, u.free,
+                                u.unshared or (u.capacity - u.free))
             self._record(replica, step, start, max(compute, swap) if overlap else compute + swap, 1,
-                         step.shape.decode_seqs, step.num_groups, self._state(replica, u.token_states, u.reserved, u.internal_frag, u.free,
-                                     u.unshared or (u.capacity - u.free)), swap)
+                         step.shape.decode_seqs, step.num_groups, state, swap)
             if overlap:
                 yield env.all_of([env.timeout(compute), env.process(self._transfer(replica, swap))])
             else:
@@ -173,20 +179,20 @@ class Simulation:
             yield link
             yield self.env.timeout(seconds)
 
-    def _plan_run(self, cost: CostModel, n: int, c0: int, extra: int, first_end: float,
-                  waiting: bool) -> RunWeights | None:
+    @staticmethod
+    def _plan_run(cost: CostModel, n: int, c0: int, extra: int, first_end: float, cut: float) -> RunWeights | None:
         """Up to ``extra`` decode iterations of ``n`` sequences holding ``c0`` tokens, starting
         at ``first_end`` (s), in closed form (None: none).
 
         Context grows by one token per sequence per iteration, so iteration i lasts
-        ``a + b * (c0 + n * i)``. With nothing waiting, an arrival may be admitted at
-        the next step boundary, so the run stops at the first boundary at or after it.
+        ``a + b * (c0 + n * i)``. The run stops at the first boundary at or after ``cut``
+        (s): the next arrival, when it may be admitted there, or a measurement window's edge.
         """
         a, b = cost.decode_coefficients(n)
         run = RunWeights(extra, a + b * (c0 + n), b * n)
-        if waiting or self.next_arrival == float("inf"):
+        if cut == float("inf"):
             return run
-        gap = self.next_arrival - first_end  # seconds the run may last before the arrival
+        gap = cut - first_end  # seconds the run may last
         if gap <= 0:
             return None
         k = _iterations_to_reach(run.first, run.slope, gap)
@@ -212,10 +218,11 @@ class Simulation:
             step.swap_out_slots, step.swap_in_slots, swap_s, step.cow_copies, *state,
         ))
 
-    def _run(self, replica: Replica, step: Step, start: float, d0: float,
-             run: RunWeights) -> tuple[float, RunWeights | None, bool]:
+    def _run(self, replica: Replica, step: Step, start: float, d0: float, run: RunWeights,
+             edge: float) -> tuple[float, RunWeights | None, bool]:
         """Apply ``step``'s run of identical decode iterations, and go on past finishes
-        while no admission can follow them; write one row for it all.
+        while no admission can follow them (up to the next arrival, and the window
+        ``edge``, s); write one row for it all.
 
         Groups that finish before the next arrival are retired now, at their finish
         time: nothing can observe the replica before then. Returns the run's end (s)
@@ -244,7 +251,8 @@ class Simulation:
             iterations += run.steps
             tokens += n * run.steps
             t += run.total
-            if t >= self.next_arrival:  # an arrival comes first: the engine wakes at t
+            cut = min(edge, self.next_arrival)
+            if t >= cut:  # an arrival (or the window's edge) comes first: the engine wakes at t
                 break
             if first:
                 sched.complete(step, t, run)
@@ -252,7 +260,7 @@ class Simulation:
                 sched.complete_run(run, t)
             k = sched.continue_length(self.max_run)
             n, c0 = alloc.resident_kv()
-            run = self._plan_run(cost, n, c0, k, t, False) if k else None
+            run = self._plan_run(cost, n, c0, k, t, cut) if k else None
             if run is None:
                 break
             first, u, groups = False, alloc.usage(), len(sched.running)

@@ -119,3 +119,22 @@ def test_runs_go_on_past_finishes_when_nothing_waits():
     assert len(steps) <= 2 * len(reqs) + 5
     np.testing.assert_allclose(one["finish_s"].to_numpy(float), many["finish_s"].to_numpy(float), rtol=1e-9)
     assert s_many["mean_batched_requests"] == pytest.approx(s_one["mean_batched_requests"], rel=1e-9)
+
+
+@pytest.mark.parametrize("window", [(30.0, 60.0), (100.0, 101.0), (None, 45.5), (200.0, None)])
+def test_runs_stop_at_an_explicit_windows_edges(window):
+    # A row is in the window by its start: a run (which now goes on past finishes) must
+    # not carry iterations across an edge, or the window's averages drift.
+    reqs = poisson_trace(300, 1.0, 11, prompt=(10, 200), output=(20, 600))
+    out = []
+    for macro in (False, True):
+        cost = lambda: RooflineCostModel(MODELS["llama-2-7b"], GPUS["a100-80gb"])  # noqa: E731
+        sim = Simulation(reqs, lambda: PagedAllocator(2000, 16), cost, SchedulerSettings(max_seq_len=2048),
+                         macro_steps=macro, window=window)
+        sim.run()
+        out.append(summarize(sim.request_rows.frame(), sim.steps.frame(), sim.replicas[0].scheduler.itl,
+                             2000 * 16, window=window))
+    one, many = out
+    assert many["measured_time_s"] == pytest.approx(one["measured_time_s"], rel=1e-9)
+    for key in ["mean_batched_requests"] + [f"mem_{c}_perc" for c in CLASSES]:
+        assert many[key] == pytest.approx(one[key], rel=1e-9, abs=1e-9), key
