@@ -16,14 +16,21 @@ _LOG_BASE = math.log1p(1e-3)
 
 
 class LatencyHistogram:
-    """Counts of latencies (seconds) by log bucket, plus their exact sum."""
+    """Counts of latencies (seconds) by log bucket, plus their exact sum.
 
-    __slots__ = ("_counts", "total", "count")
+    Runs of growing gaps (``add_linear``) are filed in batches: a run costs a tuple
+    until a few thousand have gathered, then numpy buckets all their values at once.
+    """
+
+    __slots__ = ("_counts", "total", "count", "_runs")
+
+    _BATCH = 8192  # runs filed together
 
     def __init__(self) -> None:
         self._counts: dict[int, int] = {}
         self.total = 0.0  # seconds, sum of all samples
         self.count = 0
+        self._runs: list[tuple[float, float, int, int]] = []  # (first, slope, count, times) not yet filed
 
     def add(self, seconds: float, times: int = 1) -> None:
         """Record ``times`` samples equal to ``seconds``."""
@@ -64,41 +71,38 @@ class LatencyHistogram:
         self.count += len(seconds) * times
 
     def add_linear(self, first: float, slope: float, count: int, times: int = 1) -> None:
-        """Record ``first + slope * i`` for i = 0..count-1, each ``times`` times: a run's
-        gaps grow by a constant, so each bucket's share is cut at its edges in closed form."""
+        """Record ``first + slope * i`` for i = 0..count-1, each ``times`` times (a run's
+        gaps grow by a constant). The sum is kept at once; the buckets a batch later."""
         if count <= 0:
             return
-        last = first + slope * (count - 1)
-        if first <= 0 or slope < 0:
-            self.add_many(first + slope * np.arange(count, dtype=np.float64), times)
-            return
-        c = self._counts
-        b = math.floor(math.log(first) / _LOG_BASE)
-        b_last = math.floor(math.log(last) / _LOG_BASE)
         self.total += (count * first + slope * (count * (count - 1) / 2)) * times
         self.count += count * times
-        if b == b_last:  # the whole run in one bucket (the common case)
-            c[b] = c.get(b, 0) + count * times
+        self._runs.append((first, slope, count, times))
+        if len(self._runs) >= self._BATCH:
+            self._file_runs()
+
+    def _file_runs(self) -> None:
+        """Bucket every value of the gathered runs, vectorised."""
+        if not self._runs:
             return
-        done = 0  # values already filed
-        if count < b_last - b:  # fewer values than buckets: file each value
-            for i in range(count):
-                v = math.floor(math.log(first + slope * i) / _LOG_BASE)
-                c[v] = c.get(v, 0) + times
-            b = b_last + 1
-            done = count
-        while b < b_last:
-            edge = math.exp((b + 1) * _LOG_BASE)  # values below it belong to bucket b
-            below = min(count, max(done, math.ceil((edge - first) / slope)))
-            if below > done:
-                c[b] = c.get(b, 0) + (below - done) * times
-                done = below
-            b += 1
-        if done < count:
-            c[b_last] = c.get(b_last, 0) + (count - done) * times
+        first, slope, count, times = (np.array(col) for col in zip(*self._runs))
+        self._runs.clear()
+        run = np.repeat(np.arange(len(count)), count)
+        step = np.arange(len(run)) - np.repeat(np.cumsum(count) - count, count)
+        values = first[run] + slope[run] * step
+        buckets = np.where(values > 0, np.floor(np.log(np.maximum(values, 1e-300)) / _LOG_BASE), -(10**9))
+        uniq, where = np.unique(buckets.astype(np.int64), return_inverse=True)
+        c = self._counts
+        for b, n in zip(uniq.tolist(), np.bincount(where, weights=times[run]).tolist()):
+            c[b] = c.get(b, 0) + int(n)
+
+    def buckets(self) -> dict[int, int]:
+        """Samples per log bucket (``floor(ln(seconds) / ln(1.001))``)."""
+        self._file_runs()
+        return self._counts
 
     def merge(self, other: LatencyHistogram) -> None:
-        for b, n in other._counts.items():
+        for b, n in other.buckets().items():
             self._counts[b] = self._counts.get(b, 0) + n
         self.total += other.total
         self.count += other.count
@@ -111,6 +115,7 @@ class LatencyHistogram:
         """The q-quantile (nearest rank), as its bucket's geometric centre."""
         if not self.count:
             return float("nan")
+        self._file_runs()
         buckets = sorted(self._counts)
         rank = max(1, math.ceil(q * self.count))
         seen = 0
