@@ -104,7 +104,7 @@ class Simulation:
         # An explicit measurement window's edges (s): a row must not straddle one.
         self._edges = sorted(e for e in window if e is not None) if isinstance(window, tuple) else []
         self.macro_steps = macro_steps  # advance runs of identical decode steps in closed form
-        self.max_run = max_run  # at most this many iterations per run (bounds numpy work per run)
+        self.max_run = max_run  # at most this many iterations per closed-form run (or part of one)
 
     def _on_terminal(self, replica: int) -> Callable[[SequenceGroup], None]:
         def record(g: SequenceGroup) -> None:

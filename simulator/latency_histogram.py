@@ -22,15 +22,16 @@ class LatencyHistogram:
     until a few thousand have gathered, then numpy buckets all their values at once.
     """
 
-    __slots__ = ("_counts", "total", "count", "_runs")
+    __slots__ = ("_counts", "total", "count", "_runs", "_pending")
 
-    _BATCH = 8192  # runs filed together
+    _BATCH = 1 << 18  # values filed together (bounds the batch's arrays to a few MiB)
 
     def __init__(self) -> None:
         self._counts: dict[int, int] = {}
         self.total = 0.0  # seconds, sum of all samples
         self.count = 0
         self._runs: list[tuple[float, float, int, int]] = []  # (first, slope, count, times) not yet filed
+        self._pending = 0  # values in those runs
 
     def add(self, seconds: float, times: int = 1) -> None:
         """Record ``times`` samples equal to ``seconds``."""
@@ -78,7 +79,8 @@ class LatencyHistogram:
         self.total += (count * first + slope * (count * (count - 1) / 2)) * times
         self.count += count * times
         self._runs.append((first, slope, count, times))
-        if len(self._runs) >= self._BATCH:
+        self._pending += count
+        if self._pending >= self._BATCH:
             self._file_runs()
 
     def _file_runs(self) -> None:
@@ -87,6 +89,7 @@ class LatencyHistogram:
             return
         first, slope, count, times = (np.array(col) for col in zip(*self._runs))
         self._runs.clear()
+        self._pending = 0
         run = np.repeat(np.arange(len(count)), count)
         step = np.arange(len(run)) - np.repeat(np.cumsum(count) - count, count)
         values = first[run] + slope[run] * step
