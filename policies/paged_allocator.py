@@ -13,6 +13,12 @@ front of it, as in vLLM's hash of parent hash + tokens). The cache itself holds
 one reference to every block it indexes, so a block whose sequences have all
 finished stays valid and reusable; such *unreferenced* cached blocks count as
 free and are evicted least-recently-used first when a block is needed.
+
+Lockstep: a decode step appends one slot to every GPU-resident sequence, so a
+resident sequence stores its length minus a clock, and sequences are bucketed by
+that base modulo the block size: the append from clock ``t`` takes a new block for
+exactly the bucket ``-t mod block_size``. A step, or a run of steps, touches only
+the sequences that cross a block boundary.
 """
 
 from __future__ import annotations

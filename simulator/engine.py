@@ -8,8 +8,11 @@ Each replica's engine is a process that reads like the loop it simulates::
         scheduler.complete(step)             # every sequence gains a token
 
 When a replica has nothing to do it sleeps until the router wakes it. Between
-events, a run of identical decode iterations is advanced at once (DESIGN.md
-"Performance principle"): same results, far fewer Python steps.
+events, a run of decode iterations is advanced at once (DESIGN.md "Performance
+principle"): every running sequence gains a token per iteration, so durations and
+memory follow closed forms. When no admission can follow a finish (nothing waits),
+the run goes on past it and the finished requests retire at their own time. Same
+results as stepping one iteration at a time, far fewer Python steps.
 """
 
 from __future__ import annotations

@@ -138,7 +138,7 @@ def summarize(
     totals = steps if isinstance(steps, StepTotals) else StepTotals.from_frame(steps, window)
     counters = totals.counters
     out["num_steps"] = int(counters["iterations"])
-    out["engine_rows"] = totals.rows  # steps the engine simulated (a run of identical iterations counts once)
+    out["engine_rows"] = totals.rows  # rows the engine wrote (a run of decode iterations counts once)
     out["prefill_tokens"] = int(counters["prefill_tokens"])
     out["decode_tokens"] = int(counters["decode_tokens"])
     out["num_preemptions"] = int(requests["preemptions"].sum())

@@ -1,6 +1,6 @@
 """What the engine did, step by step: a columnar table, or just its running totals.
 
-Every engine step (or run of identical decode iterations) is one row of
+Every engine step (or run of decode iterations) is one row of
 ``STEP_COLUMNS``. With ``keep_rows`` the rows are kept (for the per-step Parquet
 table and the memory timeline); without, only the totals the summary needs are
 accumulated as rows arrive, so a million-request run holds no per-step data.
@@ -68,7 +68,7 @@ _DURATION, _START, _PREFILL, _RECOMPUTE, _SWAP_S, _WAITING, _UNSHARED = (
 class StepTotals:
     """Sums over the steps (seconds, tokens, slot-seconds): what the summary is made of."""
 
-    rows: int = 0  # engine steps recorded (a run of identical iterations is one)
+    rows: int = 0  # engine rows recorded (a run of decode iterations is one)
     busy_s: float = 0.0  # sum of step durations
     counters: dict[str, float] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0.0))
     recompute_time_s: float = 0.0  # each prefill's compute time, times its share of recomputed tokens
