@@ -158,6 +158,13 @@ class KVAllocator(ABC):
     def fork(self, parent: int, child: int, child_final_len: int) -> None:
         """Make ``child`` a copy of ``parent`` (shared blocks where the allocator shares)."""
 
+    def fork_into(self, parent: int, target: int, target_final_len: int) -> None:
+        """Make the resident sequence ``target`` a fork of ``parent``, dropping what it held:
+        beam search re-seeds a dead beam from a surviving one. Same as ``free(target)``
+        then ``fork(parent, target, ...)``; allocators may do it with less work."""
+        self.free(target)
+        self.fork(parent, target, target_final_len)
+
     def copy_into(self, src: int, dst: int) -> None:
         """Overwrite ``dst``'s KV with ``src``'s (sequences of equal length; beam search
         without sharing). Counts the copy in ``copied_blocks``."""

@@ -42,6 +42,20 @@ def blocks_for(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
 
 
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two block tables (C-level slice compares)."""
+    lo, hi = 0, min(len(a), len(b))
+    if a[:hi] == b[:hi]:
+        return hi
+    while hi - lo > 1:  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
 class PagedAllocator(KVAllocator):
     """``num_blocks`` GPU blocks and ``swap_blocks`` CPU blocks of ``block_size`` slots."""
 
@@ -334,6 +348,22 @@ class PagedAllocator(KVAllocator):
         self._final[child] = child_final_len
         self._ever_shared = True
         self._enter(child)
+
+    def fork_into(self, parent: int, target: int, target_final_len: int) -> None:
+        """Beams share their history: only the blocks after the tables' common prefix
+        change hands (the prefix keeps its references), not the whole table."""
+        old, new = self._tables[target], self._tables[parent]
+        same = common_prefix(old, new)
+        self._leave(target)
+        self._refresh_fill(target)
+        self._ever_shared = True
+        self._release_gpu(old[same:])
+        for b in new[same:]:
+            self.pool.share(b)
+        self._tables[target] = list(new)
+        self._kv[target] = self._kv[parent]  # both resident: same base
+        self._final[target] = target_final_len
+        self._enter(target)
 
     def free(self, seq_id: int) -> None:
         if seq_id not in self._swapped:

@@ -276,8 +276,8 @@ class Scheduler:
         return kept
 
     def _choose_beams(self, g: SequenceGroup) -> None:
-        """Beam search: the next beams descend from the current ones (best first); dead
-        beams free their memory first, then survivors chosen m times fork m - 1 times."""
+        """Beam search: the next beams descend from the current ones (best first); a
+        survivor chosen m times forks m - 1 times into the places of dead beams."""
         parents = list(g.seq_ids)
         counts = beam_parent_counts(len(parents), self.limits.beam_concentration, self.rng)
         if not self.alloc.shares_memory:
@@ -288,20 +288,17 @@ class Scheduler:
             for src, dst in zip(children, dead):
                 self.alloc.copy_into(src, dst)
             return
-        target = g.targets[parents[0]]
-        for s, m in zip(parents, counts):
-            if m == 0:
-                self.alloc.free(s)
-                del g.targets[s]
+        # A beam chosen m times forks m - 1 times, each fork taking a dead beam's place
+        # (all beams have the same target length, so the dead beam's entry stays right).
+        final = g.request.prompt_tokens + g.targets[parents[0]] - 1
+        dead = iter([s for s, m in zip(parents, counts) if m == 0])
         beams: list[int] = []
         for s, m in zip(parents, counts):
             if m:
                 beams.append(s)
             for _ in range(m - 1):
-                child = self._next_seq
-                self._next_seq += 1
-                self.alloc.fork(s, child, g.request.prompt_tokens + target - 1)
-                g.targets[child] = target
+                child = next(dead)
+                self.alloc.fork_into(s, child, final)
                 beams.append(child)
         g.seq_ids = beams
 

@@ -110,7 +110,7 @@ def lockstep_steps_possible(a: PagedAllocator, limit: int) -> int:
 @st.composite
 def operations(draw):
     return draw(st.lists(st.tuples(st.sampled_from(["admit", "append", "fork", "free", "swap_out", "swap_in",
-                                                    "advance", "append_all"]),
+                                                    "advance", "append_all", "fork_into"]),
                                    st.integers(0, 10_000), st.integers(1, 40)), max_size=80))
 
 
@@ -149,6 +149,18 @@ def test_random_operations_keep_every_invariant(block_size, ops):
                 a.swap_out([s])
                 live.remove(s)
                 swapped.append(s)
+        elif op == "fork_into" and len(live) >= 2:
+            parent = live[pick % len(live)]
+            target = live[(pick // 7 + 1 + pick % len(live)) % len(live)]
+            if parent != target:
+                twin = copy.deepcopy(a)
+                final = a.kv_len(parent) + size
+                a.fork_into(parent, target, final)
+                twin.free(target)
+                twin.fork(parent, target, final)  # what fork_into promises to equal
+                assert a.usage() == twin.usage()
+                assert a._tables[target] == twin._tables[target] == a._tables[parent]
+                assert a.pool._refcount == twin.pool._refcount
         elif op == "append_all":
             before = {s: a.kv_len(s) for s in live}
             ok = a.try_append_all()

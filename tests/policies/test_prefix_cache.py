@@ -61,7 +61,7 @@ def test_referenced_cached_blocks_are_never_evicted():
 
 
 @settings(max_examples=120, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["admit", "append", "free", "fork"]), st.integers(0, 50),
+@given(st.lists(st.tuples(st.sampled_from(["admit", "append", "free", "fork", "fork_into"]), st.integers(0, 50),
                           st.integers(0, 3)), max_size=60))
 def test_random_operations_with_cache_keep_invariants(ops):
     a = PagedAllocator(num_blocks=16, block_size=2, swap_blocks=0, prefix_caching=True)
@@ -83,6 +83,11 @@ def test_random_operations_with_cache_keep_invariants(ops):
             next_id += 1
         elif op == "free" and live:
             a.free(live.pop(pick % len(live)))
+        elif op == "fork_into" and len(live) >= 2:
+            parent, target = live[pick % len(live)], live[(pick + 1 + tag) % len(live)]
+            if parent != target:
+                a.fork_into(parent, target, a.kv_len(parent) + 4)
+                assert a._tables[target] == a._tables[parent]
         a.check()
         # Every referenced cached block is still indexed.
         held = {b for s in live for b in a._tables[s]}
