@@ -366,17 +366,15 @@ class PagedAllocator(KVAllocator):
         self._enter(target)
 
     def free(self, seq_id: int) -> None:
-        if seq_id not in self._swapped:
-            self._leave(seq_id)
-            self._refresh_fill(seq_id)
-        table = self._tables.pop(seq_id)
         if seq_id in self._swapped:
             self._swapped.discard(seq_id)
-            for b in table:
+            for b in self._tables.pop(seq_id):
                 if self.cpu_pool.release(b):
                     self._cpu_filled[b] = self.block_size
         else:
-            self._release_gpu(table)
+            self._leave(seq_id)
+            self._refresh_fill(seq_id)
+            self._release_gpu(self._tables.pop(seq_id))
         del self._kv[seq_id], self._final[seq_id]
 
     # --- swapping -------------------------------------------------------------------

@@ -125,7 +125,7 @@ class Scheduler:
         self._next_seq += k
         limit = self.limits.max_seq_len
         outputs = (sample_targets(request, self.limits.sample_lengths, self.rng, limit)
-                   if request.beam_width == 1 else [request.output_tokens] * k)
+                   if k > 1 and request.beam_width == 1 else [request.output_tokens] * k)
         group = SequenceGroup(
             request=request,
             clock=self.clock,
@@ -460,10 +460,13 @@ class Scheduler:
                 self._retire_done(g, now)
 
     def _retire_done(self, g: SequenceGroup, now: float) -> None:
-        generated = g.generated
-        for s in [s for s in g.seq_ids if g.targets[s] <= generated]:
-            self.alloc.free(s)
-            g.seq_ids.remove(s)
+        if len(g.seq_ids) == 1:  # the usual case: one sequence, and it is due
+            self.alloc.free(g.seq_ids.pop())
+        else:
+            generated = g.generated
+            for s in [s for s in g.seq_ids if g.targets[s] <= generated]:
+                self.alloc.free(s)
+                g.seq_ids.remove(s)
         if g.seq_ids:
             g.next_finish = min(g.targets[s] for s in g.seq_ids)
             self._expect_finish(g)
