@@ -16,6 +16,7 @@ allocator is told ``final_len`` only to *classify* memory (``reserved`` vs
 from __future__ import annotations
 
 import enum
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -83,11 +84,28 @@ class RunWeights:
     first: float  # seconds, iteration 1
     slope: float  # seconds added per iteration
 
+    def elapsed(self, m: int) -> float:
+        """Seconds of the first ``m`` iterations."""
+        return m * self.first + self.slope * (m * (m - 1) / 2)
+
     @property
     def total(self) -> float:
         """Seconds of the whole run."""
-        k = self.steps
-        return k * self.first + self.slope * (k * (k - 1) / 2)
+        return self.elapsed(self.steps)
+
+    def iterations_to_reach(self, seconds: float) -> int:
+        """Fewest iterations (whatever ``steps``) whose ``elapsed`` reaches ``seconds`` > 0."""
+        first, slope = self.first, self.slope
+        if slope <= 0:
+            m = max(1, math.ceil(seconds / first))
+        else:  # slope/2 m^2 + (first - slope/2) m >= seconds
+            h = first - slope / 2
+            m = max(1, math.ceil((-h + math.sqrt(h * h + 2 * slope * seconds)) / slope))
+        while m > 1 and self.elapsed(m - 1) >= seconds:  # float rounding: settle on the exact boundary
+            m -= 1
+        while self.elapsed(m) < seconds:
+            m += 1
+        return m
 
     def tail(self, j: int) -> float:
         """Seconds of iterations ``j..steps`` (1-based): how long a change made by iteration ``j`` lasts."""
@@ -102,7 +120,7 @@ class RunWeights:
         take a block every ``every`` iterations), in closed form."""
         if count <= 0:
             return 0.0
-        a, M = j - 1, count  # tail(t) = total - elapsed(t - 1); elapsed is quadratic
+        a, M = j - 1, count  # tail(t) = total - elapsed(t - 1), and elapsed is quadratic
         sx = M * a + every * (M * (M - 1) / 2)
         sxx = M * a * a + a * every * M * (M - 1) + every * every * ((M - 1) * M * (2 * M - 1) / 6)
         return M * self.total - (self.first * sx + self.slope * (sxx - sx) / 2)

@@ -17,7 +17,6 @@ results as stepping one iteration at a time, far fewer Python steps.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -158,10 +157,11 @@ class Simulation:
             if run is not None:  # swap is 0 here: runs never preempt or swap in
                 end, pending, first = self._run(replica, step, start, compute, run, edge)
                 yield env.timeout(end - start)
-                if pending is not None and first:
-                    sched.complete(step, env.now, pending)
-                elif pending is not None:
-                    sched.complete_run(pending, env.now)
+                if pending is not None:
+                    if first:
+                        sched.complete(step, env.now, pending)
+                    else:
+                        sched.complete_run(pending, env.now)
                 continue
             overlap = bool(swap) and replica.pcie is not None
             # Rows are written as steps start, so they stay in time order across replicas.
@@ -198,7 +198,7 @@ class Simulation:
         gap = cut - first_end  # seconds the run may last
         if gap <= 0:
             return None
-        k = _iterations_to_reach(run.first, run.slope, gap)
+        k = run.iterations_to_reach(gap)
         return run if k >= extra else RunWeights(k, run.first, run.slope)
 
     # --- records --------------------------------------------------------------------
@@ -240,9 +240,8 @@ class Simulation:
         token_s, reserved_s, internal_s, free_s = u.token_states * d0, u.reserved * d0, u.internal_frag * d0, u.free * d0
         unshared_s = (u.unshared or (u.capacity - u.free)) * d0
         iterations, tokens = 1, step.shape.decode_seqs
-        t, first = start + d0, True
+        t, first, n = start + d0, True, step.shape.decode_seqs  # n: sequences decoding in the run
         while True:
-            n = alloc.resident_kv()[0]
             i = sched.advance(run, u)  # slot-seconds over the run
             token_s += i.token_states
             reserved_s += i.reserved
@@ -286,20 +285,3 @@ class Simulation:
         procs = [self.env.process(self._engine(r)) for r in self.replicas]
         self.env.run(until=simpy.AllOf(self.env, procs) if procs else None)
 
-
-def _iterations_to_reach(first: float, slope: float, seconds: float) -> int:
-    """Fewest iterations (lasting ``first``, ``first + slope``, ...) whose total reaches ``seconds`` > 0."""
-    if slope <= 0:
-        k = max(1, math.ceil(seconds / first))
-    else:  # slope/2 k^2 + (first - slope/2) k >= seconds
-        h = first - slope / 2
-        k = max(1, math.ceil((-h + math.sqrt(h * h + 2 * slope * seconds)) / slope))
-
-    def total(m: int) -> float:
-        return m * first + slope * (m * (m - 1) / 2)
-
-    while k > 1 and total(k - 1) >= seconds:  # float rounding: settle on the exact boundary
-        k -= 1
-    while total(k) < seconds:
-        k += 1
-    return k
