@@ -387,11 +387,7 @@ class Scheduler:
             return 0
         if self.beam_groups:
             return 0
-        due = self._next_due()
-        fewest = min(limit, due - self.clock.ticks - 1) if due is not None else limit
-        if fewest <= 0:
-            return 0
-        return self.alloc.max_advance_all(fewest)
+        return self._lockstep_room(limit, scheduled=1)
 
     def advance(self, run: RunWeights, now: MemoryUsage):
         """Apply the run's further decode iterations to memory (``now``: its usage before);
@@ -407,8 +403,14 @@ class Scheduler:
         """
         if self.waiting or self.swapped or self.beam_groups or not self.running:
             return 0
+        return self._lockstep_room(limit, scheduled=0)
+
+    def _lockstep_room(self, limit: int, scheduled: int) -> int:
+        """Decode iterations (<= ``limit``) that can follow the ``scheduled`` ones already
+        decided with no sequence finishing before the last of them and every append
+        fitting without a copy."""
         due = self._next_due()
-        k = min(limit, due - self.clock.ticks) if due is not None else limit
+        k = min(limit, due - self.clock.ticks - scheduled) if due is not None else limit
         return self.alloc.max_advance_all(k) if k > 0 else 0
 
     # --- after the step ----------------------------------------------------------------
