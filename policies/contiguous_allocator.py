@@ -19,9 +19,9 @@ Running totals keep ``usage()`` and ``try_append`` O(1).
 Lockstep clock: in a decode step every sequence on the GPU appends one slot, so
 ``try_append_all`` and ``advance_all`` only move a shared clock (O(1) Python
 work however many sequences run). A resident sequence stores
-``kv_len = base + clock``; its headroom to its region and to its target are
-kept as per-sequence constants ``limit - base`` and ``target - base``, so
-"can everyone grow by k?" is one C-level ``min`` over a dict minus the clock.
+``kv_len = base + clock``; its headroom to its target (which never exceeds its
+region) is kept as the per-sequence constant ``target - base``, so "can everyone
+grow by k?" is one C-level ``min`` over a dict minus the clock.
 """
 
 from __future__ import annotations
@@ -121,8 +121,7 @@ class ContiguousAllocator(KVAllocator):
         self._limit: dict[int, int] = {}  # region size: kv_len may grow up to it
         self._base: dict[int, int] = {}  # kv_len - clock (tokens stored, off the clock)
         self._target: dict[int, int] = {}  # max(kv_len, min(final_len, region))
-        self._room_to_limit: dict[int, int] = {}  # region - base: appends left = this - clock
-        self._room_to_target: dict[int, int] = {}  # target - base: <= room_to_limit
+        self._room_to_target: dict[int, int] = {}  # target - base: appends left = this - clock
         self._final: dict[int, int] = {}  # final_len it was admitted with
         self._reserve: dict[int, int] = {}  # slots asked of the space (before rounding)
         # swapped-out sequences: seq_id -> (kv_len, final_len, reservation)
@@ -173,7 +172,6 @@ class ContiguousAllocator(KVAllocator):
         self._limit[seq_id] = region
         self._base[seq_id] = base
         self._target[seq_id] = target
-        self._room_to_limit[seq_id] = region - base
         self._room_to_target[seq_id] = target - base
         self._final[seq_id] = final_len
         self._reserve[seq_id] = reserve
@@ -183,7 +181,7 @@ class ContiguousAllocator(KVAllocator):
     def _release(self, seq_id: int) -> tuple[int, int, int]:
         """Free a running sequence's region; return its (kv_len, final_len, reservation)."""
         self._space.free(self._offset.pop(seq_id))
-        del self._limit[seq_id], self._room_to_limit[seq_id], self._room_to_target[seq_id]
+        del self._limit[seq_id], self._room_to_target[seq_id]
         kv_len = self._base.pop(seq_id) + self._clock
         self._token_states -= kv_len
         self._target_sum -= self._target.pop(seq_id)
@@ -243,11 +241,10 @@ class ContiguousAllocator(KVAllocator):
         for s in seq_ids:
             if base[s] + clock >= limit[s]:
                 return False
-        target, to_limit, to_target = self._target, self._room_to_limit, self._room_to_target
+        target, to_target = self._target, self._room_to_target
         for s in seq_ids:
             b = base[s] + 1
             base[s] = b
-            to_limit[s] -= 1
             n = b + clock
             if n > target[s]:  # grew past its final_len: the slot is a token, not a reservation
                 target[s] = n
@@ -259,16 +256,15 @@ class ContiguousAllocator(KVAllocator):
     def try_append_all(self) -> bool:
         """One more token for every running sequence: moves the clock, O(1) Python work.
 
-        False (nothing changes) if any region is full. A sequence that would
-        outgrow its target goes through ``try_append``, which accounts for it.
+        False (nothing changes) if any region is full. A target never exceeds its
+        region, so while every sequence has room to its target all fit; otherwise
+        ``try_append`` decides (a full region, or a sequence outgrowing its final_len).
         """
         if not self._base:
             return True
         clock = self._clock
-        if min(self._room_to_limit.values()) - clock < 1:
-            return False
         if min(self._room_to_target.values()) - clock < 1:
-            return self.try_append(list(self._base))  # rare: someone outgrows its final_len
+            return self.try_append(list(self._base))  # rare: a full region, or an outgrowing sequence
         self._clock = clock + 1
         self._token_states += len(self._base)
         return True
@@ -432,8 +428,7 @@ class ContiguousAllocator(KVAllocator):
         assert len(live) == len(self._offset), "two sequences share a region offset"
         assert set(live) == {o for o, _ in space.regions()}, "regions and sequences disagree"
         running = set(self._offset)
-        for name in ("_limit", "_base", "_target", "_final", "_reserve", "_room_to_limit",
-                     "_room_to_target"):
+        for name in ("_limit", "_base", "_target", "_final", "_reserve", "_room_to_target"):
             assert set(getattr(self, name)) == running, f"{name} and the running set disagree"
         clock = self._clock
         for s, offset in self._offset.items():
@@ -444,7 +439,6 @@ class ContiguousAllocator(KVAllocator):
             assert 1 <= kv_len <= region, f"sequence {s}: kv_len {kv_len} outside its region"
             want = max(kv_len, min(self._final[s], region))
             assert self._target[s] == want, f"sequence {s}: target {self._target[s]} != {want}"
-            assert self._room_to_limit[s] == region - base, f"sequence {s}: stale room to region"
             assert self._room_to_target[s] == want - base, f"sequence {s}: stale room to target"
         want_tokens = sum(self._base.values()) + len(self._base) * clock
         assert self._token_states == want_tokens, "token_states total drifted"
