@@ -41,36 +41,6 @@ class LatencyHistogram:
         self.total += seconds * times
         self.count += times
 
-    def add_many(self, seconds: np.ndarray, times: int = 1) -> None:
-        """Record each value of ``seconds`` ``times`` times (vectorised)."""
-        if len(seconds) == 0:
-            return
-        first, last = float(seconds[0]), float(seconds[-1])
-        if 0 < first <= last and (len(seconds) < 3 or np.all(seconds[1:] >= seconds[:-1])):
-            # A run's gaps only grow: cut the sorted values at the bucket edges they span.
-            b0 = math.floor(math.log(first) / _LOG_BASE)
-            b1 = math.floor(math.log(last) / _LOG_BASE)
-            if b0 == b1:
-                counts = [len(seconds)]
-            else:
-                edges = np.exp(np.arange(b0 + 1, b1 + 1) * _LOG_BASE)
-                cuts = np.searchsorted(seconds, edges, side="left")
-                counts = np.diff(np.concatenate(([0], cuts, [len(seconds)]))).tolist()
-            c = self._counts
-            for b, n in zip(range(b0, b1 + 1), counts):
-                if n:
-                    c[b] = c.get(b, 0) + n * times
-            self.total += float(seconds.sum()) * times
-            self.count += len(seconds) * times
-            return
-        buckets = np.floor(np.log(np.maximum(seconds, 1e-300)) / _LOG_BASE).astype(np.int64)
-        uniq, counts = np.unique(buckets, return_counts=True)
-        c = self._counts
-        for b, n in zip(uniq.tolist(), counts.tolist()):
-            c[b] = c.get(b, 0) + n * times
-        self.total += float(seconds.sum()) * times
-        self.count += len(seconds) * times
-
     def add_linear(self, first: float, slope: float, count: int, times: int = 1) -> None:
         """Record ``first + slope * i`` for i = 0..count-1, each ``times`` times (a run's
         gaps grow by a constant). The sum is kept at once; the buckets a batch later."""

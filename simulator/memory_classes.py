@@ -6,33 +6,9 @@ wasted inside allocations; only the scheduler knows why free slots are free.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from policies.kv_allocator import Admission, MemoryUsage
+from policies.kv_allocator import Admission
 
 CLASSES = ("token_states", "reserved", "internal_frag", "external_frag", "stranded_free", "idle_free")
-
-
-@dataclass(frozen=True, slots=True)
-class MemorySnapshot:
-    """Slots by class; the six add up to the KV capacity."""
-
-    token_states: int
-    reserved: int
-    internal_frag: int
-    external_frag: int
-    stranded_free: int
-    idle_free: int
-
-    def as_tuple(self) -> tuple[int, ...]:
-        return (
-            self.token_states,
-            self.reserved,
-            self.internal_frag,
-            self.external_frag,
-            self.stranded_free,
-            self.idle_free,
-        )
 
 
 def split_free(free: float, waiting: bool, blocked: object) -> tuple[float, float, float]:
@@ -50,8 +26,3 @@ def split_free(free: float, waiting: bool, blocked: object) -> tuple[float, floa
         return free, 0, 0
     return 0, free, 0
 
-
-def classify(usage: MemoryUsage, waiting: bool, blocked: object) -> MemorySnapshot:
-    """All six classes at one instant (see ``split_free`` for the free slots)."""
-    return MemorySnapshot(usage.token_states, usage.reserved, usage.internal_frag,
-                          *split_free(usage.free, waiting, blocked))
