@@ -118,12 +118,19 @@ class RunWeights:
     def tails(self, j: int, every: int, count: int) -> float:
         """Sum of ``tail(j + m * every)`` for m = 0..count-1 (a bucket of sequences that
         take a block every ``every`` iterations), in closed form."""
-        if count <= 0:
+        return self.tails_sum(every, count, 1, j - 1, (j - 1) ** 2)
+
+    def tails_sum(self, every: int, count: int, c0: int, c1: int, c2: int) -> float:
+        """``tails`` summed over buckets, bucket i weighing ``c_i`` at offset ``j_i``,
+        given the moments ``c0 = Σ c_i``, ``c1 = Σ c_i (j_i - 1)``, ``c2 = Σ c_i (j_i - 1)²``
+        (tail(t) = total - elapsed(t - 1), and elapsed is quadratic in t)."""
+        if count <= 0 or not c0:
             return 0.0
-        a, M = j - 1, count  # tail(t) = total - elapsed(t - 1), and elapsed is quadratic
-        sx = M * a + every * (M * (M - 1) / 2)
-        sxx = M * a * a + a * every * M * (M - 1) + every * every * ((M - 1) * M * (2 * M - 1) / 6)
-        return M * self.total - (self.first * sx + self.slope * (sxx - sx) / 2)
+        M = count
+        pairs = M * (M - 1) / 2
+        sx = M * c1 + every * pairs * c0  # Σ c_i Σ_m (a_i + m every)
+        sxx = M * c2 + 2 * every * pairs * c1 + every * every * ((M - 1) * M * (2 * M - 1) / 6) * c0
+        return M * self.total * c0 - (self.first * sx + self.slope * (sxx - sx) / 2)
 
     @property
     def ramp(self) -> float:

@@ -19,12 +19,22 @@ resident sequence stores its length minus a clock, and sequences are bucketed by
 that base modulo the block size: the append from clock ``t`` takes a new block for
 exactly the bucket ``-t mod block_size``. A step, or a run of steps, touches only
 the sequences that cross a block boundary.
+
+Lazy block tables: while no block is shared (no forks, no prefix cache), which
+block a sequence gets is unobservable, so a decode step only *counts* the blocks
+it takes (``_owed``: held by resident sequences but not yet taken from the pool)
+and touches no sequence at all. A table is filled in (its owed blocks taken) only
+when something needs its blocks: a swap, a per-sequence append, the first
+sharing, or ``check``. A sequence entering the block that holds its final length
+is found in a heap keyed by the clock at which that happens, once per lifetime.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
+from operator import mul
 
 from policies.block_pool import BlockPool
 from policies.kv_allocator import (
@@ -96,6 +106,11 @@ class PagedAllocator(KVAllocator):
         # when (base + t) % block_size == 0: _due[r] holds the sequences with base % B == r.
         self._due: list[dict[int, None]] = [{} for _ in range(block_size)]
         self._room: dict[int, int] = {}  # resident seq -> final length - base (room = this - clock)
+        # Lazy tables (see the module docstring): only while nothing is shared.
+        self._owed = 0  # blocks resident sequences hold beyond their listed tables
+        self._last_block_heap: list[tuple[int, int]] = []  # (clock of the append taking it, seq)
+        self._last_block_at: dict[int, int] = {}  # seq -> that clock, for the heap's live entries
+        self._squares = [a * a for a in range(block_size)]
         self.prefix_lookups = 0  # cacheable prompt blocks looked up
         self.prefix_hits = 0  # ... and found
         self.evictions = 0
@@ -105,27 +120,78 @@ class PagedAllocator(KVAllocator):
         return self.copied_blocks
 
     # --- totals over GPU-resident sequences ------------------------------------------
+    def _held(self, s: int) -> int:
+        """Blocks a resident sequence holds: its listed table and any it is owed."""
+        return -(-(self._kv[s] + self._clock) // self.block_size)
+
     def _over(self, s: int) -> int:
-        return max(0, len(self._tables[s]) * self.block_size - self._final[s])
+        return max(0, self._held(s) * self.block_size - self._final[s])
 
     def _enter(self, s: int) -> None:
         """Count a GPU-resident sequence (``_kv[s]`` is its base) in the totals."""
-        base = self._kv[s]
+        B, base, final = self.block_size, self._kv[s], self._final[s]
+        held = self._held(s)
         self._res_seqs += 1
         self._res_base += base
-        self._res_blocks += len(self._tables[s])
-        self._res_over += self._over(s)
-        self._due[base % self.block_size][s] = None
-        self._room[s] = self._final[s] - base
+        self._res_blocks += held
+        self._res_over += max(0, held * B - final)
+        self._due[base % B][s] = None
+        self._room[s] = final - base
+        if not self._ever_shared:
+            self._owed += held - len(self._tables[s])
+            last = -(-final // B)  # blocks at its final length
+            at = (last - 1) * B - base  # the append from this clock takes the last of them
+            if at >= self._clock and last * B > final:
+                self._last_block_at[s] = at
+                heapq.heappush(self._last_block_heap, (at, s))
 
     def _leave(self, s: int) -> None:
         base = self._kv[s]
+        held = self._held(s)
         self._res_seqs -= 1
         self._res_base -= base
-        self._res_blocks -= len(self._tables[s])
-        self._res_over -= self._over(s)
+        self._res_blocks -= held
+        self._res_over -= max(0, held * self.block_size - self._final[s])
         del self._due[base % self.block_size][s]
         del self._room[s]
+        if not self._ever_shared:
+            self._owed -= held - len(self._tables[s])
+            self._last_block_at.pop(s, None)
+
+    def _fill_in(self, s: int) -> None:
+        """Take the blocks a resident sequence is owed into its table (lazy tables)."""
+        table = self._tables[s]
+        owed = self._held(s) - len(table)
+        if owed:
+            self._filled[table[-1]] = self.block_size  # full now: fresh blocks follow it
+            table.extend(self.pool.allocate_many(owed))
+            self._owed -= owed
+
+    def _share(self) -> None:
+        """Blocks are about to be shared: fill in every table, and keep them filled in."""
+        if not self._ever_shared:
+            for s in self._room:
+                self._fill_in(s)
+            self._last_block_heap.clear()
+            self._last_block_at.clear()
+            self._ever_shared = True
+
+    def _enter_last_blocks(self, end: int, run: RunWeights | None = None) -> tuple[int, float]:
+        """Lazy tables: sequences whose append from a clock before ``end`` takes the block
+        holding their final length; return the slots past final lengths that brings and
+        (for a ``run`` starting at the current clock) their slot-seconds in it."""
+        heap, at_of, final, B, c0 = self._last_block_heap, self._last_block_at, self._final, self.block_size, self._clock
+        over_added, over_seconds = 0, 0.0
+        while heap and heap[0][0] < end:
+            at, s = heapq.heappop(heap)
+            if at_of.get(s) != at:  # stale: it left (and maybe came back) since
+                continue
+            del at_of[s]
+            over = -(-final[s] // B) * B - final[s]
+            over_added += over
+            if run is not None:
+                over_seconds += over * run.tail(at - c0 + 1)
+        return over_added, over_seconds
 
     def resident_kv(self) -> tuple[int, int]:
         return self._res_seqs, self._res_base + self._res_seqs * self._clock
@@ -133,7 +199,7 @@ class PagedAllocator(KVAllocator):
     # --- free blocks, counting unreferenced cached ones ----------------------------
     @property
     def num_free_blocks(self) -> int:
-        return self.pool.num_free + len(self._evictable)
+        return self.pool.num_free + len(self._evictable) - self._owed
 
     def _take(self) -> int:
         """One block for new content: a free one, else evict the least recently used cached one."""
@@ -209,7 +275,8 @@ class PagedAllocator(KVAllocator):
     def check_admit(self, prompt_len: int, final_len: int | Sequence[int], num_seqs: int, watermark_slots: int,
                     prefix: Sequence[Hashable] = ()) -> Admission:
         wm = watermark_slots // self.block_size
-        if self._never_fits(prompt_len, max(final_lengths(final_len, num_seqs)), num_seqs, wm):
+        longest = final_len if isinstance(final_len, int) else max(final_lengths(final_len, num_seqs))
+        if self._never_fits(prompt_len, longest, num_seqs, wm):
             return Admission.NEVER
         need = blocks_for(prompt_len, self.block_size)
         if self.prefix_caching and prefix:
@@ -223,6 +290,15 @@ class PagedAllocator(KVAllocator):
     def admit(self, seq_ids: Sequence[int], prompt_len: int, final_len: int | Sequence[int],
               prefix: Sequence[Hashable] = ()) -> int:
         B, pool, filled = self.block_size, self.pool, self._filled
+        if len(seq_ids) == 1 and not (self.prefix_caching and prefix):  # the usual case, in short
+            s, blocks = seq_ids[0], self._take_many(-(-prompt_len // B))
+            filled[blocks[-1]] = prompt_len - (len(blocks) - 1) * B
+            self._token_states += prompt_len
+            self._tables[s] = blocks
+            self._kv[s] = prompt_len - self._clock
+            self._final[s] = final_len if isinstance(final_len, int) else final_len[0]
+            self._enter(s)
+            return 0
         keys = self._keys(prefix) if self.prefix_caching and prefix else []
         hits = self._hits(keys)
         for b in hits:  # revive or share the cached blocks
@@ -245,7 +321,7 @@ class PagedAllocator(KVAllocator):
             pool.share(b)
         blocks = hits + fresh
         if len(seq_ids) > 1:
-            self._ever_shared = True
+            self._share()
         for k, (s, final) in enumerate(zip(seq_ids, final_lengths(final_len, len(seq_ids)))):
             if k:
                 for b in blocks:
@@ -271,6 +347,8 @@ class PagedAllocator(KVAllocator):
             return False
         filled, final = self._filled, self._final
         for s in seq_ids:
+            if not self._ever_shared:
+                self._fill_in(s)
             self._leave(s)
             n = kv[s] + clock
             off = n % B
@@ -326,37 +404,41 @@ class PagedAllocator(KVAllocator):
         copies = self._pending_copies()
         if len(crossing) + len(copies) > self.num_free_blocks:
             return False
-        tables, rc = self._tables, self.pool._refcount
-        for s in copies:
-            table = tables[s]
-            if rc[table[-1]] > 1:  # the last holder of a shared block keeps it
-                self._copy_last(table, (self._kv[s] + self._clock) % B)
-        # A crossing sequence had no slots past its final length: its last block was full.
-        for s, block in zip(crossing, self._take_many(len(crossing))):
-            self._res_over += self._grow(s, [block])
+        if not self._ever_shared:  # lazy tables: count the blocks taken
+            self._owed += len(crossing)
+            self._res_over += self._enter_last_blocks(self._clock + 1)[0]
+        else:
+            tables, rc = self._tables, self.pool._refcount
+            for s in copies:
+                table = tables[s]
+                if rc[table[-1]] > 1:  # the last holder of a shared block keeps it
+                    self._copy_last(table, (self._kv[s] + self._clock) % B)
+            # A crossing sequence had no slots past its final length: its last block was full.
+            for s, block in zip(crossing, self._take_many(len(crossing))):
+                self._res_over += self._grow(s, [block])
         self._res_blocks += len(crossing)
         self._clock += 1
         self._token_states += self._res_seqs
         return True
 
     def fork(self, parent: int, child: int, child_final_len: int) -> None:
+        self._share()
         table = self._tables[parent]
         for b in table:
             self.pool.share(b)
         self._tables[child] = list(table)
         self._kv[child] = self._kv[parent]  # both resident: same base
         self._final[child] = child_final_len
-        self._ever_shared = True
         self._enter(child)
 
     def fork_into(self, parent: int, target: int, target_final_len: int) -> None:
         """Beams share their history: only the blocks after the tables' common prefix
         change hands (the prefix keeps its references), not the whole table."""
+        self._share()
         old, new = self._tables[target], self._tables[parent]
         same = common_prefix(old, new)
         self._leave(target)
         self._refresh_fill(target)
-        self._ever_shared = True
         self._release_gpu(old[same:])
         for b in new[same:]:
             self.pool.share(b)
@@ -371,6 +453,12 @@ class PagedAllocator(KVAllocator):
             for b in self._tables.pop(seq_id):
                 if self.cpu_pool.release(b):
                     self._cpu_filled[b] = self.block_size
+        elif not self._ever_shared:  # its blocks (listed or owed) hold its kv_len tokens
+            self._leave(seq_id)
+            table = self._tables.pop(seq_id)
+            self._token_states -= self._kv[seq_id] + self._clock
+            self.pool.free_exclusive(table)
+            self._filled[table[-1]] = self.block_size
         else:
             self._leave(seq_id)
             self._refresh_fill(seq_id)
@@ -386,6 +474,8 @@ class PagedAllocator(KVAllocator):
 
     def swap_out(self, seq_ids: Sequence[int]) -> SwapResult:
         for s in seq_ids:
+            if not self._ever_shared:
+                self._fill_in(s)
             self._leave(s)
             self._refresh_fill(s)
             self._kv[s] += self._clock  # frozen while swapped: store its length
@@ -451,6 +541,8 @@ class PagedAllocator(KVAllocator):
         full = min(k_max // B, free // n)
         k, used = full * B, full * n
         stop = min(k_max, k + B)
+        if used + n <= free:  # fewer than B more appends take at most one block each
+            return stop
         while k < stop:
             crossing = len(due[-(c0 + k) % B])
             if used + crossing > free:
@@ -462,11 +554,11 @@ class PagedAllocator(KVAllocator):
     def advance_all(self, run: RunWeights, now: MemoryUsage | None = None) -> MemoryUsage:
         """Apply ``run.steps`` lockstep appends; integrate the classes in closed form.
 
-        Only sequences that cross a block boundary are visited (to extend their
-        block tables), bucket by bucket: the work is the blocks taken, not the
-        sequences times the steps. Each new block adds ``block_size`` allocated
-        slots from its iteration on; a sequence entering the block that holds its
-        final length turns the slots past it into internal fragmentation.
+        Work goes bucket by bucket: with lazy tables only the buckets' sizes are
+        read (O(block_size)); otherwise only sequences that cross a block boundary
+        are visited, to extend their tables. Each new block adds ``block_size``
+        allocated slots from its iteration on; a sequence entering the block that
+        holds its final length turns the slots past it into internal fragmentation.
         ``now``: ``usage()``, if the caller already has it.
         """
         k, B, c0 = run.steps, self.block_size, self._clock
@@ -477,6 +569,58 @@ class PagedAllocator(KVAllocator):
         # counted backwards: the buckets in the order the run reaches them.
         r0 = -c0 % B
         order = (due[r0::-1] + due[:r0:-1])[:min(k, B)]
+        if not self._ever_shared:
+            block_seconds, taken = self._lazy_growth(run, order)
+            over_added, over_seconds = self._enter_last_blocks(c0 + k, run)
+            self._owed += taken
+        else:
+            block_seconds, taken, over_added, over_seconds = self._grow_tables(run, order)
+        n = self._res_seqs
+        self._clock += k
+        self._token_states += n * k
+        self._res_blocks += taken
+        self._res_over += over_added
+        ramp = run.ramp
+        token_states = start.token_states * D + n * ramp
+        reserved = start.reserved * D + B * block_seconds - n * ramp - over_seconds
+        free = start.free * D - B * block_seconds
+        return MemoryUsage(
+            capacity=self.capacity * D,
+            token_states=token_states,
+            reserved=reserved,
+            internal_frag=self.capacity * D - token_states - reserved - free,
+            free=free,
+            unshared=start.unshared * D + B * block_seconds,
+        )
+
+    def _lazy_growth(self, run: RunWeights, order: list[dict[int, None]]) -> tuple[float, int]:
+        """Blocks a run takes and their block-seconds (s), from the buckets' sizes alone:
+        ``order[j - 1]`` takes a block per sequence at iterations j, j + B, ..., so with
+        ``steps = q B + r`` buckets j <= r take q + 1 blocks each and the others q."""
+        B = self.block_size
+        q, r = divmod(run.steps, B)
+        if not q:  # the usual short run: each bucket takes one block
+            D, taken, block_seconds = run.total, 0, 0.0
+            for j, bucket in enumerate(order):
+                if bucket:
+                    taken += len(bucket)
+                    block_seconds += len(bucket) * (D - run.elapsed(j))
+            return block_seconds, taken
+        sizes = list(map(len, order))
+        early, late = sizes[:r], sizes[r:]
+        squares = self._squares
+        block_seconds = run.tails_sum(B, q + 1, sum(early), sum(map(mul, early, range(r))),
+                                      sum(map(mul, early, squares)))
+        if q and late:
+            block_seconds += run.tails_sum(B, q, sum(late), sum(map(mul, late, range(r, B))),
+                                           sum(map(mul, late, squares[r:])))
+        return block_seconds, (q + 1) * sum(early) + q * sum(late)
+
+    def _grow_tables(self, run: RunWeights, order: list[dict[int, None]]) -> tuple[float, int, int, float]:
+        """Extend the tables of the sequences a run's appends take blocks for; return
+        the blocks' block-seconds (s), how many, and the slots past final lengths they
+        bring with those slots' seconds."""
+        k, B, D = run.steps, self.block_size, run.total
         crossing = [(j, bucket) for j, bucket in enumerate(order, 1) if bucket]
         taken = sum(len(bucket) * ((k - j) // B + 1) for j, bucket in crossing)
         fresh = self._take_many(taken)  # fresh blocks read as full
@@ -506,23 +650,7 @@ class PagedAllocator(KVAllocator):
                 if over > 0:  # only its last crossing can reach past the final length
                     over_added += over
                     over_seconds += over * last_tail
-        n = self._res_seqs
-        self._clock += k
-        self._token_states += n * k
-        self._res_blocks += taken
-        self._res_over += over_added
-        ramp = run.ramp
-        token_states = start.token_states * D + n * ramp
-        reserved = start.reserved * D + B * block_seconds - n * ramp - over_seconds
-        free = start.free * D - B * block_seconds
-        return MemoryUsage(
-            capacity=self.capacity * D,
-            token_states=token_states,
-            reserved=reserved,
-            internal_frag=self.capacity * D - token_states - reserved - free,
-            free=free,
-            unshared=start.unshared * D + B * block_seconds,
-        )
+        return block_seconds, taken, over_added, over_seconds
 
     def _refresh_fill(self, s: int) -> None:
         """Write the fill of a resident sequence's last block (lockstep appends leave it stale)."""
@@ -575,9 +703,20 @@ class PagedAllocator(KVAllocator):
         )
 
     def check(self) -> None:
-        for s in self._tables:
-            if s not in self._swapped:
-                self._refresh_fill(s)
+        resident = [s for s in self._tables if s not in self._swapped]
+        owed = {s: self._held(s) - len(self._tables[s]) for s in resident}
+        assert min(owed.values(), default=0) >= 0, "a table lists more blocks than its sequence holds"
+        assert self._owed == sum(owed.values()), "owed block total drifted"
+        assert not self._owed or not self._ever_shared, "a shared allocator owes blocks"
+        if not self._ever_shared:
+            for s in resident:
+                last, base = -(-self._final[s] // self.block_size), self._kv[s]
+                at = (last - 1) * self.block_size - base
+                due = at >= self._clock and last * self.block_size > self._final[s]
+                assert self._last_block_at.get(s) == (at if due else None), f"seq {s}: last-block clock"
+        for s in resident:  # fill in owed blocks: the books below then hold block by block
+            self._fill_in(s)
+            self._refresh_fill(s)
         self.pool.check()
         self.cpu_pool.check()
         gpu_refs = [0] * self.pool.num_blocks
@@ -602,7 +741,6 @@ class PagedAllocator(KVAllocator):
         assert sum(1 for b, h in enumerate(held) if h == 0 and b in self._key_of) == len(self._evictable)
         in_use = sum(self._filled[b] for b in range(self.pool.num_blocks) if held[b] > 0)
         assert in_use == self._token_states, "token_states drifted from the blocks' contents"
-        resident = [s for s in self._tables if s not in self._swapped]
         assert self._res_seqs == len(resident), "resident sequence count drifted"
         assert self._res_base == sum(self._kv[s] for s in resident), "resident kv total drifted"
         for s in resident:

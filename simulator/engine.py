@@ -7,7 +7,9 @@ Each replica's engine is a process that reads like the loop it simulates::
         yield env.timeout(cost(step))        # the GPU computes it
         scheduler.complete(step)             # every sequence gains a token
 
-When a replica has nothing to do it sleeps until the router wakes it. Between
+When a replica has nothing to do it sleeps until the router wakes it. When no
+other event comes before a step ends, the engine does not yield at all: it
+completes the step and goes on (SimPy would run nothing in between). Between
 events, a run of decode iterations is advanced at once (DESIGN.md "Performance
 principle"): every running sequence gains a token per iteration, so durations and
 memory follow closed forms. When no admission can follow a finish (nothing waits),
@@ -17,7 +19,9 @@ results as stepping one iteration at a time, far fewer Python steps.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import gc
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import simpy
@@ -133,18 +137,27 @@ class Simulation:
 
     def _engine(self, replica: Replica):
         env, sched, cost = self.env, replica.scheduler, replica.cost
+        # The replica's own clock (s). When no other event comes before a step ends,
+        # nothing can tell the step from its end, so the engine goes straight on
+        # without yielding: ``now`` runs ahead of ``env.now``.
+        now = env.now
+        chain = replica.pcie is None  # overlapped swaps start SimPy processes: keep in time
         while True:
-            step = sched.schedule(env.now)
+            step = sched.schedule(now)
             if step.empty:
                 if sched.has_work and not sched.running:
                     raise SimulationStalled(self._stall_message(replica))
+                if now > env.now:  # catch up before sleeping or ending
+                    yield env.timeout(now - env.now)
+                    continue
                 if self.arrivals_done and not sched.has_work:
                     return
                 replica._wake = env.event()
                 yield replica._wake
                 replica._wake = None
+                now = env.now
                 continue
-            start = env.now
+            start = now
             compute = cost.step_time(step.shape) + cost.copy_time(step.cow_copies)
             swap = cost.swap_time(step.swap_out_blocks, step.swap_out_slots) + cost.swap_time(
                 step.swap_in_blocks, step.swap_in_slots)
@@ -155,13 +168,14 @@ class Simulation:
             run = (self._plan_run(cost, step.shape.decode_seqs, step.shape.decode_context, extra, start + compute,
                                   cut) if extra else None)
             if run is not None:  # swap is 0 here: runs never preempt or swap in
-                end, pending, first = self._run(replica, step, start, compute, run, edge)
-                yield env.timeout(end - start)
+                now, pending, first = self._run(replica, step, start, compute, run, edge)
+                if not chain or env.peek() <= now:
+                    yield env.timeout(now - env.now)
                 if pending is not None:
                     if first:
-                        sched.complete(step, env.now, pending)
+                        sched.complete(step, now, pending)
                     else:
-                        sched.complete_run(pending, env.now)
+                        sched.complete_run(pending, now)
                 continue
             overlap = bool(swap) and replica.pcie is not None
             # Rows are written as steps start, so they stay in time order across replicas.
@@ -172,9 +186,12 @@ class Simulation:
                          step.shape.decode_seqs, step.num_groups, state, swap)
             if overlap:
                 yield env.all_of([env.timeout(compute), env.process(self._transfer(replica, swap))])
+                now = env.now
             else:
-                yield env.timeout(compute + swap)
-            sched.complete(step, env.now)
+                now = start + compute + swap
+                if not chain or env.peek() <= now:
+                    yield env.timeout(now - env.now)
+            sched.complete(step, now)
 
     def _transfer(self, replica: Replica, seconds: float):
         """Hold the replica's PCIe link for one step's swap traffic."""
@@ -283,5 +300,22 @@ class Simulation:
     def run(self) -> None:
         self.env.process(self._arrivals())
         procs = [self.env.process(self._engine(r)) for r in self.replicas]
-        self.env.run(until=simpy.AllOf(self.env, procs) if procs else None)
+        with _rare_gc():
+            self.env.run(until=simpy.AllOf(self.env, procs) if procs else None)
+
+
+@contextmanager
+def _rare_gc(young: int = 50_000) -> Iterator[None]:
+    """Run the cyclic garbage collector less often while simulating.
+
+    A simulation allocates many short-lived objects but few reference cycles, so
+    Python's default young-generation threshold (700 allocations) makes it collect
+    for nothing; collecting every ``young`` allocations saves ~4% of wall time.
+    """
+    before = gc.get_threshold()
+    gc.set_threshold(young, *before[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
 

@@ -178,7 +178,7 @@ class Scheduler:
         seqs = alloc.resident_kv()[0]  # every sequence on the GPU is running
         while self.waiting:
             g = self.waiting[0]
-            final = [g.final_len(s) for s in g.seq_ids]
+            final = g.final_len(g.seq_ids[0]) if len(g.seq_ids) == 1 else [g.final_len(s) for s in g.seq_ids]
             verdict = alloc.check_admit(g.prompt_len, final, g.num_live, self.watermark_slots, g.prefix)
             if verdict is Admission.NEVER:
                 self.waiting.popleft()
