@@ -19,7 +19,7 @@ import enum
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 def final_lengths(final_len: int | Sequence[int], num_seqs: int) -> list[int]:
@@ -40,9 +40,11 @@ class Admission(enum.Enum):
     NEVER = "never"  # larger than the whole cache (or the region limit): can never fit
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class MemoryUsage:
-    """Slots by class at one instant; the four add up to ``capacity``.
+    """Slots by class at one instant; the four add up to ``capacity``. A value: treat
+    it as read-only (not frozen only because frozen dataclasses are 4x slower to
+    build, and one is built per engine step).
 
     ``free`` is split further by the scheduler (external fragmentation,
     stranded, idle) because only it knows whether a request is waiting.
@@ -70,7 +72,7 @@ class SwapResult:
     slots: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RunWeights:
     """How long each iteration of a run of identical decode steps lasts.
 
@@ -78,20 +80,20 @@ class RunWeights:
     decode step's time is affine in the batch's total context, which grows by the
     batch size every iteration. Allocators integrate their memory classes against
     these weights in closed form instead of materialising per-iteration arrays.
+    A value: treat it as read-only (see ``MemoryUsage``).
     """
 
     steps: int
     first: float  # seconds, iteration 1
     slope: float  # seconds added per iteration
+    total: float = field(init=False)  # seconds of the whole run
+
+    def __post_init__(self) -> None:
+        self.total = self.elapsed(self.steps)
 
     def elapsed(self, m: int) -> float:
         """Seconds of the first ``m`` iterations."""
         return m * self.first + self.slope * (m * (m - 1) / 2)
-
-    @property
-    def total(self) -> float:
-        """Seconds of the whole run."""
-        return self.elapsed(self.steps)
 
     def iterations_to_reach(self, seconds: float) -> int:
         """Fewest iterations (whatever ``steps``) whose ``elapsed`` reaches ``seconds`` > 0."""

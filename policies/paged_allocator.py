@@ -199,7 +199,7 @@ class PagedAllocator(KVAllocator):
     # --- free blocks, counting unreferenced cached ones ----------------------------
     @property
     def num_free_blocks(self) -> int:
-        return self.pool.num_free + len(self._evictable) - self._owed
+        return len(self.pool._free) + len(self._evictable) - self._owed
 
     def _take(self) -> int:
         """One block for new content: a free one, else evict the least recently used cached one."""
@@ -601,10 +601,11 @@ class PagedAllocator(KVAllocator):
         q, r = divmod(run.steps, B)
         if not q:  # the usual short run: each bucket takes one block
             D, taken, block_seconds = run.total, 0, 0.0
+            first, half_slope = run.first, run.slope / 2
             for j, bucket in enumerate(order):
-                if bucket:
+                if bucket:  # its block is held from iteration j + 1 on: D - elapsed(j)
                     taken += len(bucket)
-                    block_seconds += len(bucket) * (D - run.elapsed(j))
+                    block_seconds += len(bucket) * (D - j * first - half_slope * (j * (j - 1)))
             return block_seconds, taken
         sizes = list(map(len, order))
         early, late = sizes[:r], sizes[r:]

@@ -35,6 +35,8 @@ from simulator.sequence import SequenceGroup
 from simulator.step_log import StepLog, Window
 from traces import Request
 
+INF = float("inf")
+
 
 class SimulationStalled(RuntimeError):
     """No progress is possible: work remains but nothing can ever be scheduled."""
@@ -106,7 +108,7 @@ class Simulation:
             self.replicas.append(Replica(i, sched, make_cost(), pcie))
         self.router = Router(self.replicas, router)
         self.arrivals_done = False
-        self.next_arrival = float("inf")  # arrival time of the next request not yet dispatched (s)
+        self.next_arrival = INF  # arrival time of the next request not yet dispatched (s)
         # An explicit measurement window's edges (s): a row must not straddle one.
         self._edges = sorted(e for e in window if e is not None) if isinstance(window, tuple) else []
         self.macro_steps = macro_steps  # advance runs of identical decode steps in closed form
@@ -131,7 +133,7 @@ class Simulation:
             replica.scheduler.add(request, env.now)
             replica.wake()
         self.arrivals_done = True
-        self.next_arrival = float("inf")
+        self.next_arrival = INF
         for r in self.replicas:
             r.wake()
 
@@ -158,11 +160,13 @@ class Simulation:
                 now = env.now
                 continue
             start = now
-            compute = cost.step_time(step.shape) + cost.copy_time(step.cow_copies)
+            compute = cost.step_time(step.shape)
+            if step.cow_copies:
+                compute += cost.copy_time(step.cow_copies)
             swap = cost.swap_time(step.swap_out_blocks, step.swap_out_slots) + cost.swap_time(
-                step.swap_in_blocks, step.swap_in_slots)
+                step.swap_in_blocks, step.swap_in_slots) if step.swap_out_blocks or step.swap_in_blocks else 0.0
             extra = sched.run_length(step, self.max_run) if self.macro_steps else 0
-            edge = next((e for e in self._edges if e > start), float("inf"))
+            edge = next((e for e in self._edges if e > start), INF) if self._edges else INF
             # With nothing waiting, an arrival may be admitted at the next step boundary.
             cut = edge if sched.waiting else min(edge, self.next_arrival)
             run = (self._plan_run(cost, step.shape.decode_seqs, step.shape.decode_context, extra, start + compute,
@@ -210,7 +214,7 @@ class Simulation:
         """
         a, b = cost.decode_coefficients(n)
         run = RunWeights(extra, a + b * (c0 + n), b * n)
-        if cut == float("inf"):
+        if cut == INF:
             return run
         gap = cut - first_end  # seconds the run may last
         if gap <= 0:

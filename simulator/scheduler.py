@@ -121,21 +121,19 @@ class Scheduler:
     def add(self, request: Request, now: float) -> SequenceGroup:
         self.now = now
         k = request.num_seqs
-        seq_ids = list(range(self._next_seq, self._next_seq + k))
-        self._next_seq += k
         limit = self.limits.max_seq_len
-        outputs = (sample_targets(request, self.limits.sample_lengths, self.rng, limit)
-                   if k > 1 and request.beam_width == 1 else [request.output_tokens] * k)
-        group = SequenceGroup(
-            request=request,
-            clock=self.clock,
-            seq_ids=seq_ids,
-            targets=dict(zip(seq_ids, outputs)),
-            prompt_len=request.prompt_tokens,
-            total_output_tokens=sum(outputs),
-            beam_width=request.beam_width,
-            next_finish=min(outputs),
-        )
+        if k == 1:  # the usual case, in short
+            s, out = self._next_seq, request.output_tokens
+            group = SequenceGroup(request, [s], {s: out}, request.prompt_tokens, clock=self.clock,
+                                  total_output_tokens=out, next_finish=out)
+        else:
+            seq_ids = list(range(self._next_seq, self._next_seq + k))
+            outputs = (sample_targets(request, self.limits.sample_lengths, self.rng, limit)
+                       if request.beam_width == 1 else [request.output_tokens] * k)
+            group = SequenceGroup(request, seq_ids, dict(zip(seq_ids, outputs)), request.prompt_tokens,
+                                  clock=self.clock, total_output_tokens=sum(outputs),
+                                  beam_width=request.beam_width, next_finish=min(outputs))
+        self._next_seq += k
         if self._shares_prefixes:
             group.prefix = prefix_contents(request, self.alloc.block_size)
         if group.beam_width > 1:

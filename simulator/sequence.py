@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 
 from traces import Request
 
@@ -59,7 +60,7 @@ class SequenceGroup:
     swapped_out_blocks: int = 0
     swapped_in_blocks: int = 0
     reason: str | None = None  # why rejected or aborted
-    prefix: list = field(default_factory=list)  # contents of shareable leading prompt blocks
+    prefix: Sequence[Hashable] = ()  # contents of shareable leading prompt blocks
     cached_tokens: int = 0  # prompt tokens found in the prefix cache at the last prefill
     total_output_tokens: int = 0  # output tokens over all samples / beams (sum of targets)
     beam_width: int = 1  # > 1: beams are re-chosen every step

@@ -1,24 +1,27 @@
 """What the engine did, step by step: a columnar table, or just its running totals.
 
 Every engine step (or run of decode iterations) is one row of
-``STEP_COLUMNS``. With ``keep_rows`` the rows are kept (for the per-step Parquet
-table and the memory timeline); without, only the totals the summary needs are
-accumulated as rows arrive, so a million-request run holds no per-step data.
+``STEP_COLUMNS``. Rows arrive one at a time on the engine's hot path, so
+``StepLog.append`` only buffers the tuple; every ``StepLog.flush_rows`` rows
+(and whenever the table or the totals are asked for) the buffer becomes one
+numpy block in a single vectorised pass. With ``keep_rows`` the blocks are kept
+(for the per-step Parquet table and the memory timeline); without, each block is
+folded into the totals the summary needs and dropped, so a million-request run
+holds at most ``flush_rows`` rows.
 
 Memory classes and batch sizes are averaged over a *measurement window*:
 
 - ``busy``: every step (the engine's busy time);
 - ``saturated``: from the first to the last step that starts with a request waiting
   (steady state under load, without the ramp-up and the final drain);
-- ``(start_s, end_s)``: steps starting in that interval (seconds of simulated time).
+- ``(start_s, end_s)``: steps starting in that interval (seconds of simulated time;
+  None leaves that side open).
 """
 
 from __future__ import annotations
 
-from array import array
-from dataclasses import dataclass, field
-from itertools import repeat
-from operator import add, itemgetter, mul
+from dataclasses import dataclass, field, replace
+from itertools import chain
 
 import numpy as np
 import pandas as pd
@@ -55,10 +58,11 @@ MEASURED = ("batched_requests",) + CLASSES  # averaged over the measurement wind
 
 Window = str | tuple[float | None, float | None]
 
+# Column positions in a row, for the vectorised fold.
 _COL = {c: i for i, c in enumerate(STEP_COLUMNS)}
-_counters_of = itemgetter(*(_COL[c] for c in COUNTERS))
-_measured_of = itemgetter(*(_COL[c] for c in MEASURED))
-_allocated_of = itemgetter(_COL["token_states"], _COL["reserved"], _COL["internal_frag"])
+_COUNTERS = [_COL[c] for c in COUNTERS]
+_MEASURED = [_COL[c] for c in MEASURED]
+_ALLOCATED = [_COL[c] for c in ("token_states", "reserved", "internal_frag")]
 _DURATION, _START, _PREFILL, _RECOMPUTE, _SWAP_S, _WAITING, _UNSHARED = (
     _COL[c] for c in ("duration_s", "start_s", "prefill_tokens", "recompute_tokens", "swap_s", "waiting",
                       "unshared_slots"))
@@ -121,78 +125,109 @@ def measurement_steps(steps: pd.DataFrame, window: Window) -> pd.DataFrame:
 class StepLog:
     """Append-only record of engine steps: the rows (``keep_rows``) or only their totals."""
 
+    flush_rows = 4096  # rows buffered as tuples before one vectorised pass turns them into a block
+
     def __init__(self, keep_rows: bool = True, window: Window = "busy") -> None:
+        if not isinstance(window, tuple) and window not in ("busy", "saturated"):
+            raise ValueError(f"step log window {window!r}: allowed are 'busy', 'saturated' or (start_s, end_s)")
         self.keep_rows = keep_rows
         self.window = window
-        self._cols = {c: array("d") for c in STEP_COLUMNS}
-        self._arrays = list(self._cols.values())
-        self._rows = 0
+        self._pending: list[tuple] = []  # rows not yet in a block
+        self._blocks: list[np.ndarray] = []  # (rows, len(STEP_COLUMNS)) float64 blocks, only with keep_rows
+        self._flushed = 0  # rows already turned into blocks
+        # Running totals without rows: scalars in ``_totals``; counters and the measured
+        # sums (duration, then duration x each MEASURED column) as vectors.
         self._totals = StepTotals()
-        # For the saturated window without rows: measured sums before the first and after
-        # the last step that started with a request waiting.
-        self._first_wait: list[float] | None = None
-        self._last_wait: list[float] | None = None
-        self._cum = [0.0] * (1 + len(MEASURED))
-        self._counter_sums = [0.0] * len(COUNTERS)
-        self._measured_sums = [0.0] * len(MEASURED)
+        self._counters = np.zeros(len(COUNTERS))
+        self._measured = np.zeros(1 + len(MEASURED))
+        # Saturated window: weighted sums of the rows after the last waiting row seen so
+        # far (None until a row has waited); they join the window if a later row waits.
+        self._after_wait: np.ndarray | None = None
 
     def append(self, row: tuple) -> None:
-        """One row, values in ``STEP_COLUMNS`` order."""
-        self._rows += 1
-        if self.keep_rows:
-            for col, value in zip(self._arrays, row):
-                col.append(value)
-        else:
-            self._accumulate(row)
-
-    def _accumulate(self, row: tuple) -> None:
-        t, w = self._totals, row[_DURATION]
-        t.rows += 1
-        t.busy_s += w
-        self._counter_sums = list(map(add, self._counter_sums, _counters_of(row)))
-        prefill = row[_PREFILL]
-        if prefill:
-            t.recompute_time_s += row[_RECOMPUTE] / prefill * (w - row[_SWAP_S])
-        t.allocated_slot_s += w * sum(_allocated_of(row))
-        t.unshared_slot_s += w * row[_UNSHARED]
-        weighted = list(map(mul, repeat(w), _measured_of(row)))
-        window = self.window
-        if window == "saturated":
-            waiting = row[_WAITING] > 0
-            if waiting and self._first_wait is None:
-                self._first_wait = list(self._cum)
-            self._cum = list(map(add, self._cum, [w, *weighted]))
-            if waiting:
-                self._last_wait = list(self._cum)
-            return
-        if window != "busy":
-            start, end = window
-            begin = row[_START]
-            if (start is not None and begin < start) or (end is not None and begin >= end):
-                return
-        t.measured_s += w
-        self._measured_sums = list(map(add, self._measured_sums, weighted))
+        """One row, values in ``STEP_COLUMNS`` order. The engine's hot path: buffer only."""
+        pending = self._pending
+        pending.append(row)
+        if len(pending) >= self.flush_rows:
+            self._flush()
 
     def __len__(self) -> int:
-        return self._rows
+        return self._flushed + len(self._pending)
+
+    def _flush(self) -> None:
+        """Turn the buffered rows into one block: keep it, or fold it into the totals."""
+        if not self._pending:
+            return
+        block = _as_block(self._pending)
+        self._pending = []
+        self._flushed += len(block)
+        if self.keep_rows:
+            self._blocks.append(block)
+        else:
+            self._fold(block)
+
+    def _fold(self, block: np.ndarray) -> None:
+        """Add one block's sums to the running totals (same formulas as ``StepTotals.from_frame``)."""
+        t, w = self._totals, block[:, _DURATION]
+        t.rows += len(block)
+        t.busy_s += float(w.sum())
+        self._counters += block[:, _COUNTERS].sum(axis=0)
+        prefill = block[:, _PREFILL]
+        share = np.divide(block[:, _RECOMPUTE], prefill, out=np.zeros(len(block)), where=prefill > 0)
+        t.recompute_time_s += float((share * (w - block[:, _SWAP_S])).sum())
+        t.allocated_slot_s += float((block[:, _ALLOCATED].sum(axis=1) * w).sum())
+        t.unshared_slot_s += float((block[:, _UNSHARED] * w).sum())
+        # Per row: duration, then duration x each MEASURED column.
+        weighted = np.column_stack((w, block[:, _MEASURED] * w[:, None]))
+        window = self.window
+        if window == "busy":
+            self._measured += weighted.sum(axis=0)
+        elif window == "saturated":
+            waits = np.flatnonzero(block[:, _WAITING] > 0)
+            if len(waits):
+                first = waits[0] if self._after_wait is None else 0  # the window opened earlier
+                if self._after_wait is not None:
+                    self._measured += self._after_wait
+                self._measured += weighted[first: waits[-1] + 1].sum(axis=0)
+                self._after_wait = weighted[waits[-1] + 1:].sum(axis=0)
+            elif self._after_wait is not None:
+                self._after_wait += weighted.sum(axis=0)
+        else:
+            start, end = window
+            begin = block[:, _START]
+            keep = np.ones(len(block), bool)
+            if start is not None:
+                keep &= begin >= start
+            if end is not None:
+                keep &= begin < end
+            self._measured += weighted[keep].sum(axis=0)
 
     def totals(self) -> StepTotals:
         """The sums the summary needs, over all steps so far."""
+        self._flush()
         if self.keep_rows:
             return StepTotals.from_frame(self.frame(), self.window)
-        t = self._totals
-        t.counters = dict(zip(COUNTERS, self._counter_sums))
-        t.measured = dict(zip(MEASURED, self._measured_sums))
-        if self.window == "saturated":
-            if self._first_wait is not None and self._last_wait is not None:
-                diff = [b - a for a, b in zip(self._first_wait, self._last_wait)]
-                t.measured_s = diff[0]
-                t.measured = dict(zip(MEASURED, diff[1:]))
-        return t
+        return replace(self._totals, counters=dict(zip(COUNTERS, map(float, self._counters))),
+                       measured_s=float(self._measured[0]),
+                       measured=dict(zip(MEASURED, map(float, self._measured[1:]))))
 
     def frame(self) -> pd.DataFrame:
         """The kept rows as a table (empty, with the columns, when rows are not kept)."""
-        df = pd.DataFrame({c: np.frombuffer(a, dtype=np.float64) if len(a) else np.zeros(0) for c, a in self._cols.items()})
+        self._flush()
+        if len(self._blocks) > 1:  # join once, so repeated calls do not copy again
+            self._blocks = [np.concatenate(self._blocks)]
+        table = self._blocks[0] if self._blocks else np.zeros((0, len(STEP_COLUMNS)))
+        df = pd.DataFrame({c: table[:, i] for i, c in enumerate(STEP_COLUMNS)})
         # Memory classes stay float: a macro-step row holds their duration-weighted means.
         int_cols = [c for c in STEP_COLUMNS if c not in FLOAT_COLUMNS]
         return df.astype({c: np.int64 for c in int_cols})
+
+
+def _as_block(rows: list[tuple]) -> np.ndarray:
+    """Rows as a float64 array of shape (len(rows), len(STEP_COLUMNS)), or a clear error."""
+    width = len(STEP_COLUMNS)
+    if {len(row) for row in rows} != {width}:  # a wrong-length row would shift every value after it
+        bad = next(row for row in rows if len(row) != width)
+        raise ValueError(f"step log row has {len(bad)} values; STEP_COLUMNS has {width}: {bad!r}")
+    # One pass over the flattened values: faster than np.array on a list of tuples.
+    return np.fromiter(chain.from_iterable(rows), float, len(rows) * width).reshape(len(rows), width)
