@@ -31,6 +31,7 @@ is found in a heap keyed by the clock at which that happens, once per lifetime.
 
 from __future__ import annotations
 
+import copy
 import heapq
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
@@ -715,8 +716,17 @@ class PagedAllocator(KVAllocator):
                 at = (last - 1) * self.block_size - base
                 due = at >= self._clock and last * self.block_size > self._final[s]
                 assert self._last_block_at.get(s) == (at if due else None), f"seq {s}: last-block clock"
-        for s in resident:  # fill in owed blocks: the books below then hold block by block
-            self._fill_in(s)
+            assert self.usage().token_states == sum(self.kv_len(s) for s in resident), "token_states drifted"
+        if self._owed:  # check the books block by block on a twin whose owed blocks are taken
+            twin = copy.deepcopy(self)
+            for s in resident:
+                twin._fill_in(s)
+            twin._check_blocks(resident)
+        else:
+            self._check_blocks(resident)
+
+    def _check_blocks(self, resident: list[int]) -> None:
+        for s in resident:
             self._refresh_fill(s)
         self.pool.check()
         self.cpu_pool.check()
