@@ -131,11 +131,12 @@ class PagedAllocator(KVAllocator):
     def _enter(self, s: int) -> None:
         """Count a GPU-resident sequence (``_kv[s]`` is its base) in the totals."""
         B, base, final = self.block_size, self._kv[s], self._final[s]
-        held = self._held(s)
+        held = -(-(base + self._clock) // B)  # _held(s)
         self._res_seqs += 1
         self._res_base += base
         self._res_blocks += held
-        self._res_over += max(0, held * B - final)
+        if held * B > final:
+            self._res_over += held * B - final
         self._due[base % B][s] = None
         self._room[s] = final - base
         if not self._ever_shared:
@@ -147,13 +148,14 @@ class PagedAllocator(KVAllocator):
                 heapq.heappush(self._last_block_heap, (at, s))
 
     def _leave(self, s: int) -> None:
-        base = self._kv[s]
-        held = self._held(s)
+        B, base, final = self.block_size, self._kv[s], self._final[s]
+        held = -(-(base + self._clock) // B)  # _held(s)
         self._res_seqs -= 1
         self._res_base -= base
         self._res_blocks -= held
-        self._res_over -= max(0, held * self.block_size - self._final[s])
-        del self._due[base % self.block_size][s]
+        if held * B > final:
+            self._res_over -= held * B - final
+        del self._due[base % B][s]
         del self._room[s]
         if not self._ever_shared:
             self._owed -= held - len(self._tables[s])
@@ -402,13 +404,17 @@ class PagedAllocator(KVAllocator):
             return self.try_append(list(room))
         B = self.block_size
         crossing = self._due[-self._clock % B]
-        copies = self._pending_copies()
-        if len(crossing) + len(copies) > self.num_free_blocks:
-            return False
         if not self._ever_shared:  # lazy tables: count the blocks taken
+            if len(crossing) > len(self.pool._free) - self._owed:  # (no evictable blocks without a prefix cache)
+                return False
             self._owed += len(crossing)
-            self._res_over += self._enter_last_blocks(self._clock + 1)[0]
+            heap = self._last_block_heap
+            if heap and heap[0][0] <= self._clock:
+                self._res_over += self._enter_last_blocks(self._clock + 1)[0]
         else:
+            copies = self._pending_copies()
+            if len(crossing) + len(copies) > self.num_free_blocks:
+                return False
             tables, rc = self._tables, self.pool._refcount
             for s in copies:
                 table = tables[s]
@@ -534,14 +540,16 @@ class PagedAllocator(KVAllocator):
         if limit <= 0 or not room:
             return 0
         B, c0 = self.block_size, self._clock
-        k_max = min(limit, min(room.values()) - c0)
-        if k_max <= 0 or self._pending_copies():
+        k_max = min(room.values()) - c0
+        if limit < k_max:
+            k_max = limit
+        if k_max <= 0 or (self._ever_shared and self._pending_copies()):
             return 0
         # B consecutive appends take exactly one block per sequence.
-        free, n, due = self.num_free_blocks, self._res_seqs, self._due
+        free, n, due = len(self.pool._free) + len(self._evictable) - self._owed, self._res_seqs, self._due
         full = min(k_max // B, free // n)
         k, used = full * B, full * n
-        stop = min(k_max, k + B)
+        stop = k + B if k + B < k_max else k_max
         if used + n <= free:  # fewer than B more appends take at most one block each
             return stop
         while k < stop:
@@ -565,17 +573,13 @@ class PagedAllocator(KVAllocator):
         k, B, c0 = run.steps, self.block_size, self._clock
         start = now if now is not None else self.usage()
         D = run.total
-        due = self._due
-        # Iteration j (and j + B, ...) takes a block for each sequence of bucket (c0 + j - 1) % B
-        # counted backwards: the buckets in the order the run reaches them.
-        r0 = -c0 % B
-        order = (due[r0::-1] + due[:r0:-1])[:min(k, B)]
         if not self._ever_shared:
-            block_seconds, taken = self._lazy_growth(run, order)
-            over_added, over_seconds = self._enter_last_blocks(c0 + k, run)
+            block_seconds, taken = self._lazy_growth(run)
+            heap = self._last_block_heap
+            over_added, over_seconds = self._enter_last_blocks(c0 + k, run) if heap and heap[0][0] < c0 + k else (0, 0.0)
             self._owed += taken
         else:
-            block_seconds, taken, over_added, over_seconds = self._grow_tables(run, order)
+            block_seconds, taken, over_added, over_seconds = self._grow_tables(run)
         n = self._res_seqs
         self._clock += k
         self._token_states += n * k
@@ -594,35 +598,45 @@ class PagedAllocator(KVAllocator):
             unshared=start.unshared * D + B * block_seconds,
         )
 
-    def _lazy_growth(self, run: RunWeights, order: list[dict[int, None]]) -> tuple[float, int]:
-        """Blocks a run takes and their block-seconds (s), from the buckets' sizes alone:
-        ``order[j - 1]`` takes a block per sequence at iterations j, j + B, ..., so with
-        ``steps = q B + r`` buckets j <= r take q + 1 blocks each and the others q."""
-        B = self.block_size
+    def _lazy_growth(self, run: RunWeights) -> tuple[float, int]:
+        """Blocks a run takes and their block-seconds (s), from the buckets' sizes alone.
+
+        Iteration j + 1 (and j + 1 + B, ...) takes a block for each sequence of bucket
+        ``(clock + j) % B`` counted backwards, i.e. ``due[-clock % B - j]``; that block
+        is held for ``total - elapsed(j)`` seconds. With ``steps = q B + r``, the
+        buckets reached at j < r take q + 1 blocks each and the others q.
+        """
+        B, due = self.block_size, self._due
+        r0 = -self._clock % B
         q, r = divmod(run.steps, B)
-        if not q:  # the usual short run: each bucket takes one block
-            D, taken, block_seconds = run.total, 0, 0.0
-            first, half_slope = run.first, run.slope / 2
-            for j, bucket in enumerate(order):
-                if bucket:  # its block is held from iteration j + 1 on: D - elapsed(j)
-                    taken += len(bucket)
-                    block_seconds += len(bucket) * (D - j * first - half_slope * (j * (j - 1)))
-            return block_seconds, taken
-        sizes = list(map(len, order))
+        if not q:  # the usual short run: a block per sequence of each bucket reached
+            n0 = n1 = n2 = 0  # sums of c, c j and c j (j - 1) over buckets of c sequences
+            for j in range(r):
+                c = len(due[r0 - j])
+                if c:
+                    n0 += c
+                    n1 += c * j
+                    n2 += c * j * (j - 1)
+            return run.total * n0 - run.first * n1 - run.slope / 2 * n2, n0
+        sizes = [len(due[r0 - j]) for j in range(B)]
         early, late = sizes[:r], sizes[r:]
         squares = self._squares
         block_seconds = run.tails_sum(B, q + 1, sum(early), sum(map(mul, early, range(r))),
                                       sum(map(mul, early, squares)))
-        if q and late:
+        if late:
             block_seconds += run.tails_sum(B, q, sum(late), sum(map(mul, late, range(r, B))),
                                            sum(map(mul, late, squares[r:])))
         return block_seconds, (q + 1) * sum(early) + q * sum(late)
 
-    def _grow_tables(self, run: RunWeights, order: list[dict[int, None]]) -> tuple[float, int, int, float]:
+    def _grow_tables(self, run: RunWeights) -> tuple[float, int, int, float]:
         """Extend the tables of the sequences a run's appends take blocks for; return
         the blocks' block-seconds (s), how many, and the slots past final lengths they
         bring with those slots' seconds."""
-        k, B, D = run.steps, self.block_size, run.total
+        k, B, D, due = run.steps, self.block_size, run.total, self._due
+        # Iteration j (and j + B, ...) takes a block for each sequence of bucket (c0 + j - 1) % B
+        # counted backwards: the buckets in the order the run reaches them.
+        r0 = -self._clock % B
+        order = (due[r0::-1] + due[:r0:-1])[:min(k, B)]
         crossing = [(j, bucket) for j, bucket in enumerate(order, 1) if bucket]
         taken = sum(len(bucket) * ((k - j) // B + 1) for j, bucket in crossing)
         fresh = self._take_many(taken)  # fresh blocks read as full
@@ -671,8 +685,8 @@ class PagedAllocator(KVAllocator):
     def usage(self) -> MemoryUsage:
         B = self.block_size
         if not self._ever_shared:  # every block has one holder: the totals say it all
-            free = self.num_free_blocks * B
-            reserved = self._res_blocks * B - self.resident_kv()[1] - self._res_over
+            free = (len(self.pool._free) - self._owed) * B  # (no evictable blocks without a prefix cache)
+            reserved = self._res_blocks * B - self._res_base - self._res_seqs * self._clock - self._res_over
             return MemoryUsage(self.capacity, self._token_states, reserved,
                                self.capacity - free - self._token_states - reserved, free, self._res_blocks * B)
         return self._usage_walk()

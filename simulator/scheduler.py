@@ -176,8 +176,9 @@ class Scheduler:
         seqs = alloc.resident_kv()[0]  # every sequence on the GPU is running
         while self.waiting:
             g = self.waiting[0]
-            final = g.final_len(g.seq_ids[0]) if len(g.seq_ids) == 1 else [g.final_len(s) for s in g.seq_ids]
-            verdict = alloc.check_admit(g.prompt_len, final, g.num_live, self.watermark_slots, g.prefix)
+            live = len(g.seq_ids)
+            final = g.final_len(g.seq_ids[0]) if live == 1 else [g.final_len(s) for s in g.seq_ids]
+            verdict = alloc.check_admit(g.prompt_len, final, live, self.watermark_slots, g.prefix)
             if verdict is Admission.NEVER:
                 self.waiting.popleft()
                 self._end(g, Status.REJECTED, f"needs more KV slots than the whole cache ({alloc.capacity})")
@@ -185,7 +186,7 @@ class Scheduler:
             if verdict is not Admission.OK:
                 self.blocked = verdict
                 return
-            if shape.prefill_tokens + g.prompt_len > lim.max_num_batched_tokens or seqs + g.num_live > lim.max_num_seqs:
+            if shape.prefill_tokens + g.prompt_len > lim.max_num_batched_tokens or seqs + live > lim.max_num_seqs:
                 self.blocked = "limits"
                 return
             self.waiting.popleft()
@@ -195,7 +196,7 @@ class Scheduler:
             if g.recomputing:
                 step.recompute_tokens += g.prompt_len - cached
                 g.recomputing = False
-            seqs += g.num_live
+            seqs += live
             shape.prefill_seqs += 1
             shape.prefill_tokens += g.prompt_len - cached
             shape.prefill_attn_pairs += causal_attention_pairs(g.prompt_len - cached, cached)
