@@ -217,6 +217,8 @@ class Simulation:
         if cut == INF:
             return run
         gap = cut - first_end  # seconds the run may last
+        if run.total < gap:  # it ends before the cut
+            return run
         if gap <= 0:
             return None
         k = run.iterations_to_reach(gap)
@@ -263,7 +265,7 @@ class Simulation:
         iterations, tokens = 1, step.shape.decode_seqs
         t, first, n = start + d0, True, step.shape.decode_seqs  # n: sequences decoding in the run
         while True:
-            i = sched.advance(run, u)  # slot-seconds over the run
+            i = alloc.advance_all(run, u)  # slot-seconds over the run
             token_s += i.token_states
             reserved_s += i.reserved
             internal_s += i.internal_frag

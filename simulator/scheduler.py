@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from policies.kv_allocator import Admission, KVAllocator, MemoryUsage, RunWeights
+from policies.kv_allocator import Admission, KVAllocator, RunWeights
 from simulator.cost_model.base import BatchShape, causal_attention_pairs
 from simulator.decoding import beam_parent_counts, prefix_contents, sample_targets
 from simulator.latency_histogram import LatencyHistogram
@@ -204,18 +204,20 @@ class Scheduler:
             step.prefill.append(g)
 
     def _start_running(self, g: SequenceGroup) -> None:
+        """Join the running batch (its finish is filed once its next token is decided:
+        after its prefill, or at once by a swap-in)."""
         g.gen_base -= self.clock.ticks  # now counted from the clock
         g.status = Status.RUNNING
         if g.first_scheduled is None:
             g.first_scheduled = self.now
         running = self.running
-        if not running or running[-1].sort_key <= g.sort_key:  # the usual case: the latest arrival
+        if not running or running[-1].request.arrival_time < g.request.arrival_time \
+                or running[-1].sort_key <= g.sort_key:  # the usual case: the latest arrival
             running.append(g)
         else:
             bisect.insort(running, g, key=lambda x: x.sort_key)
         g.fresh = True
         self._fresh.append(g)
-        self._expect_finish(g)
 
     def _expect_finish(self, g: SequenceGroup) -> None:
         """(Re)file a running group under the clock at which its next sequence finishes."""
@@ -327,6 +329,7 @@ class Scheduler:
             assert appended, "swap-in left no room for the next token"
             seqs += g.num_live
             self._start_running(g)
+            self._expect_finish(g)
 
     # --- preemption -----------------------------------------------------------------
     def _preempt(self, g: SequenceGroup, step: Step) -> None:
@@ -387,11 +390,6 @@ class Scheduler:
         if self.beam_groups:
             return 0
         return self._lockstep_room(limit, scheduled=1)
-
-    def advance(self, run: RunWeights, now: MemoryUsage):
-        """Apply the run's further decode iterations to memory (``now``: its usage before);
-        return the classes' integrals."""
-        return self.alloc.advance_all(run, now)
 
     def continue_length(self, limit: int) -> int:
         """After a run's finishes were retired: how many more identical decode iterations
