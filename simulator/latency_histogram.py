@@ -18,13 +18,13 @@ _LOG_BASE = math.log1p(1e-3)
 class LatencyHistogram:
     """Counts of latencies (seconds) by log bucket, plus their exact sum.
 
-    Runs of growing gaps (``add_linear``) are filed in batches: a run costs a tuple
-    until a few thousand have gathered, then numpy buckets all their values at once.
+    Samples and runs of growing gaps (``add_linear``) are filed in batches: each
+    costs a tuple until many have gathered, then numpy buckets all their values at once.
     """
 
     __slots__ = ("_counts", "total", "count", "_runs", "_pending")
 
-    _BATCH = 1 << 18  # values filed together (bounds the batch's arrays to a few MiB)
+    _BATCH = 1 << 16  # values filed together (bounds the pending tuples and arrays to a few MiB)
 
     def __init__(self) -> None:
         self._counts: dict[int, int] = {}
@@ -34,12 +34,13 @@ class LatencyHistogram:
         self._pending = 0  # values in those runs
 
     def add(self, seconds: float, times: int = 1) -> None:
-        """Record ``times`` samples equal to ``seconds``."""
-        b = math.floor(math.log(seconds) / _LOG_BASE) if seconds > 0 else -(10**9)
-        c = self._counts
-        c[b] = c.get(b, 0) + times
+        """Record ``times`` samples equal to ``seconds`` (filed with the next batch)."""
         self.total += seconds * times
         self.count += times
+        self._runs.append((seconds, 0.0, 1, times))
+        self._pending += 1
+        if self._pending >= self._BATCH:
+            self._file_runs()
 
     def add_linear(self, first: float, slope: float, count: int, times: int = 1) -> None:
         """Record ``first + slope * i`` for i = 0..count-1, each ``times`` times (a run's
