@@ -474,6 +474,8 @@ class PagedAllocator(KVAllocator):
 
     # --- swapping -------------------------------------------------------------------
     def _distinct_blocks(self, seq_ids: Sequence[int]) -> int:
+        if not self._ever_shared:  # each holds its own blocks: listed, or owed while resident
+            return sum(len(self._tables[s]) if s in self._swapped else self._held(s) for s in seq_ids)
         return len({b for s in seq_ids for b in self._tables[s]})
 
     def can_swap_out(self, seq_ids: Sequence[int]) -> bool:

@@ -237,7 +237,9 @@ def test_lazy_tables_equal_tables_filled_block_by_block(block_size, ops):
                 a.free(s)
         elif op == "swap_out" and live:
             s = live[pick % len(live)]
-            if all(a.can_swap_out([s]) for a in both):
+            fits = {a.can_swap_out([s]) for a in both}
+            assert len(fits) == 1
+            if fits == {True}:
                 assert len({a.swap_out([s]) for a in both}) == 1
                 live.remove(s)
                 swapped.append(s)
