@@ -37,7 +37,7 @@ from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from operator import mul
 
-from policies.block_pool import BlockPool
+from policies.block_pool import BlockPool, OutOfBlocks
 from policies.kv_allocator import (
     Admission,
     KVAllocator,
@@ -206,6 +206,8 @@ class PagedAllocator(KVAllocator):
 
     def _take(self) -> int:
         """One block for new content: a free one, else evict the least recently used cached one."""
+        if self.num_free_blocks <= 0:
+            raise OutOfBlocks("no free GPU block (the caller skipped a check)")
         if self.pool._free:
             return self.pool.allocate()
         block, _ = self._evictable.popitem(last=False)
@@ -216,6 +218,8 @@ class PagedAllocator(KVAllocator):
         return self.pool.allocate()
 
     def _take_many(self, count: int) -> list[int]:
+        if count > self.num_free_blocks:  # (blocks owed to lazy tables are not free)
+            raise OutOfBlocks(f"asked for {count} GPU blocks, {self.num_free_blocks} free (the caller skipped a check)")
         if count <= self.pool.num_free:
             return self.pool.allocate_many(count)
         return [self._take() for _ in range(count)]

@@ -196,7 +196,7 @@ class Simulation:
                 yield env.all_of([env.timeout(compute), env.process(self._transfer(replica, swap))])
                 now = env.now
             else:
-                now = start + compute + swap
+                now = start + (compute + swap)  # as SimPy adds a timeout's delay
                 if not chain or env.peek() <= now:
                     yield env.timeout(now - env.now)
             sched.complete(step, now)

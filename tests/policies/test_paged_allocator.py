@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from policies.block_pool import OutOfBlocks
 from policies.kv_allocator import Admission, RunWeights
 from policies.paged_allocator import PagedAllocator, blocks_for
 
@@ -271,3 +272,19 @@ def test_lazy_tables_equal_tables_filled_block_by_block(block_size, ops):
         assert eager._owed == 0
         lazy.check()
     assert lazy._ever_shared is False  # it stayed lazy throughout
+
+
+@pytest.mark.parametrize("filled_in", [False, True])
+def test_admitting_past_the_free_blocks_raises_even_with_owed_blocks(filled_in):
+    """A caller that skips check_admit gets OutOfBlocks, not a negative free count:
+    blocks owed to lazy tables are not free."""
+    a = PagedAllocator(4, 2)
+    if filled_in:
+        a._share()
+    a.admit([0], 2, 8)
+    a.try_append_all()
+    a.try_append_all()  # seq 0 holds 2 blocks (lazily: 1 listed + 1 owed)
+    assert a.num_free_blocks == 2 and a.check_admit(5, 6, 1, 0) is Admission.NO_SPACE
+    with pytest.raises(OutOfBlocks):
+        a.admit([1], 5, 6)  # 3 blocks
+    assert a.num_free_blocks == 2
