@@ -58,6 +58,8 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     lo, hi = 0, min(len(a), len(b))
     if a[:hi] == b[:hi]:
         return hi
+    if hi and a[:hi - 1] == b[:hi - 1]:  # the usual case for beams: only the last block differs
+        return hi - 1
     while hi - lo > 1:  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
         mid = (lo + hi) // 2
         if a[:mid] == b[:mid]:
@@ -446,17 +448,23 @@ class PagedAllocator(KVAllocator):
         """Beams share their history: only the blocks after the tables' common prefix
         change hands (the prefix keeps its references), not the whole table."""
         self._share()
+        kv, final = self._kv, self._final
         old, new = self._tables[target], self._tables[parent]
         same = common_prefix(old, new)
-        self._leave(target)
+        # Beams have one length and one target: then the resident totals do not move.
+        moves = kv[target] != kv[parent] or final[target] != target_final_len
+        if moves:
+            self._leave(target)
         self._refresh_fill(target)
         self._release_gpu(old[same:])
+        share = self.pool.share
         for b in new[same:]:
-            self.pool.share(b)
-        self._tables[target] = list(new)
-        self._kv[target] = self._kv[parent]  # both resident: same base
-        self._final[target] = target_final_len
-        self._enter(target)
+            share(b)
+        old[same:] = new[same:]  # the target's table becomes a copy of the parent's
+        if moves:
+            kv[target] = kv[parent]  # both resident: same base
+            final[target] = target_final_len
+            self._enter(target)
 
     def free(self, seq_id: int) -> None:
         if seq_id in self._swapped:

@@ -279,8 +279,10 @@ class Scheduler:
     def _choose_beams(self, g: SequenceGroup) -> None:
         """Beam search: the next beams descend from the current ones (best first); a
         survivor chosen m times forks m - 1 times into the places of dead beams."""
-        parents = list(g.seq_ids)
+        parents = g.seq_ids
         counts = beam_parent_counts(len(parents), self.limits.beam_concentration, self.rng)
+        if 0 not in counts:  # every beam chosen once: nothing forks
+            return
         if not self.alloc.shares_memory:
             # Without sharing every beam keeps its own region (all beams have the same
             # length); a beam taking over a dead one's region copies its parent's KV there.
@@ -293,13 +295,14 @@ class Scheduler:
         # (all beams have the same target length, so the dead beam's entry stays right).
         final = g.request.prompt_tokens + g.targets[parents[0]] - 1
         dead = iter([s for s, m in zip(parents, counts) if m == 0])
+        fork_into = self.alloc.fork_into
         beams: list[int] = []
         for s, m in zip(parents, counts):
             if m:
                 beams.append(s)
             for _ in range(m - 1):
                 child = next(dead)
-                self.alloc.fork_into(s, child, final)
+                fork_into(s, child, final)
                 beams.append(child)
         g.seq_ids = beams
 

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from policies.block_pool import OutOfBlocks
 from policies.kv_allocator import Admission, RunWeights
-from policies.paged_allocator import PagedAllocator, blocks_for
+from policies.paged_allocator import PagedAllocator, blocks_for, common_prefix
 
 
 def test_new_block_only_when_last_is_full():
@@ -288,3 +288,13 @@ def test_admitting_past_the_free_blocks_raises_even_with_owed_blocks(filled_in):
     with pytest.raises(OutOfBlocks):
         a.admit([1], 5, 6)  # 3 blocks
     assert a.num_free_blocks == 2
+
+
+@given(st.lists(st.integers(0, 3), max_size=12), st.lists(st.integers(0, 3), max_size=6),
+       st.lists(st.integers(0, 3), max_size=6))
+def test_common_prefix_is_the_longest_equal_lead(shared, a_tail, b_tail):
+    a, b = shared + a_tail, shared + b_tail
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    assert common_prefix(a, b) == common_prefix(b, a) == n
