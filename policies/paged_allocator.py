@@ -709,16 +709,18 @@ class PagedAllocator(KVAllocator):
         """Usage from every block table: exact with shared blocks (a shared partial last
         block is filled by a copy, so its empty slots are nobody's reservation)."""
         B = self.block_size
-        rc = self.pool._refcount
+        rc, key_of = self.pool._refcount, self._key_of
         reserved = unshared = 0
-        swapped, final, kv, clock = self._swapped, self._final, self._kv, self._clock
-        for s, table in self._tables.items():
-            if s in swapped:
-                continue
-            unshared += len(table)
+        tables, final, kv, clock = self._tables, self._final, self._kv, self._clock
+        for s in self._room:  # the GPU-resident sequences
+            table = tables[s]
+            n = len(table)
+            unshared += n
             # Only an exclusively held last block will be filled by this sequence itself.
-            if table and rc[table[-1]] == 1 + (table[-1] in self._key_of):
-                ahead = min(len(table) * B, final[s]) - kv[s] - clock
+            last = table[-1]
+            if rc[last] == 1 or (rc[last] == 2 and last in key_of):
+                f = final[s]
+                ahead = (n * B if n * B < f else f) - kv[s] - clock
                 if ahead > 0:
                     reserved += ahead
         free = self.num_free_blocks * B
