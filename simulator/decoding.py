@@ -41,20 +41,24 @@ def _parent_cdf(width: int, concentration: float) -> tuple[float, ...]:
     return tuple(itertools.accumulate(w / total for w in weights))
 
 
-def beam_parent_counts(width: int, concentration: float, rng: np.random.Generator) -> list[int]:
-    """How many of the next step's ``width`` beams descend from each current beam (best first).
+def beam_parent_counts(concentration: float, uniforms: list[float]) -> list[int]:
+    """How many of the next step's beams descend from each current beam (best first),
+    given one uniform draw in [0, 1) per beam (the beam width is their number).
 
     Each new beam picks its parent independently with probability proportional to
     ``exp(-concentration * rank)``: 0 is uniform; larger values favour the best
     beams, as a sharp next-token distribution does. A beam picked by nobody dies;
     one picked m times forks into m. (Inverse-CDF sampling in plain Python: this runs
-    for every beam group at every step, and beams are few.)
+    for every beam group at every step, and beams are few; the scheduler draws the
+    uniforms of all groups of a step at once.)
     """
+    width = len(uniforms)
     cdf = _parent_cdf(width, concentration)
     counts = [0] * width
     last = width - 1
-    for u in rng.random(width).tolist():
-        counts[min(bisect.bisect_right(cdf, u), last)] += 1
+    for u in uniforms:
+        rank = bisect.bisect_right(cdf, u)
+        counts[rank if rank < last else last] += 1
     return counts
 
 

@@ -247,9 +247,14 @@ class Scheduler:
         alloc = self.alloc
         copies_before = alloc.copied_blocks
         if self.beam_groups:
-            for g in self.running:
-                if g.beam_width > 1 and g.generated >= 1:
-                    self._choose_beams(g)
+            beams = [g for g in self.running if g.beam_width > 1 and g.generated >= 1]
+            # One draw for all groups: the same stream as a draw per group, in order.
+            uniforms = self.rng.random(sum(len(g.seq_ids) for g in beams)).tolist()
+            at = 0
+            for g in beams:
+                width = len(g.seq_ids)
+                self._choose_beams(g, uniforms[at:at + width])
+                at += width
         # Every sequence on the GPU belongs to a running group, and decodes: the fast
         # path gives each its slot in one all-or-nothing call.
         if not alloc.try_append_all():
@@ -276,11 +281,12 @@ class Scheduler:
                 kept.append(g)
         return kept
 
-    def _choose_beams(self, g: SequenceGroup) -> None:
+    def _choose_beams(self, g: SequenceGroup, uniforms: list[float]) -> None:
         """Beam search: the next beams descend from the current ones (best first); a
-        survivor chosen m times forks m - 1 times into the places of dead beams."""
+        survivor chosen m times forks m - 1 times into the places of dead beams
+        (``uniforms``: one draw per beam)."""
         parents = g.seq_ids
-        counts = beam_parent_counts(len(parents), self.limits.beam_concentration, self.rng)
+        counts = beam_parent_counts(self.limits.beam_concentration, uniforms)
         if 0 not in counts:  # every beam chosen once: nothing forks
             return
         if not self.alloc.shares_memory:

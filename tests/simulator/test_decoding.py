@@ -13,7 +13,7 @@ def test_beam_parents_follow_exponential_rank_weights(concentration):
     width, draws = 4, 20_000
     total = np.zeros(width)
     for _ in range(draws):
-        counts = beam_parent_counts(width, concentration, rng)
+        counts = beam_parent_counts(concentration, rng.random(width).tolist())
         assert sum(counts) == width and min(counts) >= 0
         total += counts
     weights = np.exp(-concentration * np.arange(width))
