@@ -146,8 +146,8 @@ class CostModelConfig(Strict):
 class MetricsConfig(Strict):
     """SLOs for goodput, and the window memory classes are averaged over.
 
-    ``window``: ``busy`` (all engine steps), ``saturated`` (from the first to the last
-    step with a request waiting: steady state under load), or set ``window_start_s`` /
+    ``window``: ``busy`` (all engine steps), ``saturated`` (for each replica, from its
+    first to its last step with a request waiting: steady state under load), or set ``window_start_s`` /
     ``window_end_s`` (seconds of simulated time) for an explicit interval.
     """
 

@@ -12,8 +12,11 @@ holds at most ``flush_rows`` rows.
 Memory classes and batch sizes are averaged over a *measurement window*:
 
 - ``busy``: every step (the engine's busy time);
-- ``saturated``: from the first to the last step that starts with a request waiting
-  (steady state under load, without the ramp-up and the final drain);
+- ``saturated``: for each replica, from its first to its last step that starts with a
+  request waiting (steady state under load, without the ramp-up and the final drain).
+  Per replica, because each has its own queue; and so a run of decode steps on one
+  replica is never cut by another's window edge: macro-steps give the same averages
+  as single steps;
 - ``(start_s, end_s)``: steps starting in that interval (seconds of simulated time;
   None leaves that side open).
 """
@@ -63,8 +66,8 @@ _COL = {c: i for i, c in enumerate(STEP_COLUMNS)}
 _COUNTERS = [_COL[c] for c in COUNTERS]
 _MEASURED = [_COL[c] for c in MEASURED]
 _ALLOCATED = [_COL[c] for c in ("token_states", "reserved", "internal_frag")]
-_DURATION, _START, _PREFILL, _RECOMPUTE, _SWAP_S, _WAITING, _UNSHARED = (
-    _COL[c] for c in ("duration_s", "start_s", "prefill_tokens", "recompute_tokens", "swap_s", "waiting",
+_REPLICA, _DURATION, _START, _PREFILL, _RECOMPUTE, _SWAP_S, _WAITING, _UNSHARED = (
+    _COL[c] for c in ("replica", "duration_s", "start_s", "prefill_tokens", "recompute_tokens", "swap_s", "waiting",
                       "unshared_slots"))
 
 
@@ -116,9 +119,15 @@ def measurement_steps(steps: pd.DataFrame, window: Window) -> pd.DataFrame:
         if end is not None:
             keep &= steps["start_s"].to_numpy() < end
         return steps[keep]
-    if window == "saturated":
-        waiting = np.flatnonzero(steps["waiting"].to_numpy() > 0)
-        return steps.iloc[waiting[0]: waiting[-1] + 1] if len(waiting) else steps.iloc[:0]
+    if window == "saturated":  # per replica: its first to its last row with a request waiting
+        keep = np.zeros(len(steps), bool)
+        replica, waiting = steps["replica"].to_numpy(), steps["waiting"].to_numpy() > 0
+        for r in np.unique(replica):
+            rows = np.flatnonzero(replica == r)
+            waits = rows[waiting[rows]]
+            if len(waits):
+                keep[rows[(rows >= waits[0]) & (rows <= waits[-1])]] = True
+        return steps[keep]
     return steps
 
 
@@ -140,9 +149,10 @@ class StepLog:
         self._totals = StepTotals()
         self._counters = np.zeros(len(COUNTERS))
         self._measured = np.zeros(1 + len(MEASURED))
-        # Saturated window: weighted sums of the rows after the last waiting row seen so
-        # far (None until a row has waited); they join the window if a later row waits.
-        self._after_wait: np.ndarray | None = None
+        # Saturated window, per replica: weighted sums of its rows after its last waiting
+        # row so far (absent until one of its rows has waited); they join the window if a
+        # later row of that replica waits.
+        self._after_wait: dict[int, np.ndarray] = {}
 
     def append(self, row: tuple) -> None:
         """One row, values in ``STEP_COLUMNS`` order. The engine's hot path: buffer only."""
@@ -183,15 +193,9 @@ class StepLog:
         if window == "busy":
             self._measured += weighted.sum(axis=0)
         elif window == "saturated":
-            waits = np.flatnonzero(block[:, _WAITING] > 0)
-            if len(waits):
-                first = waits[0] if self._after_wait is None else 0  # the window opened earlier
-                if self._after_wait is not None:
-                    self._measured += self._after_wait
-                self._measured += weighted[first: waits[-1] + 1].sum(axis=0)
-                self._after_wait = weighted[waits[-1] + 1:].sum(axis=0)
-            elif self._after_wait is not None:
-                self._after_wait += weighted.sum(axis=0)
+            replica = block[:, _REPLICA]
+            for r in np.unique(replica).tolist():
+                self._fold_saturated(int(r), weighted[replica == r], block[replica == r, _WAITING] > 0)
         else:
             start, end = window
             begin = block[:, _START]
@@ -201,6 +205,19 @@ class StepLog:
             if end is not None:
                 keep &= begin < end
             self._measured += weighted[keep].sum(axis=0)
+
+    def _fold_saturated(self, replica: int, weighted: np.ndarray, waiting: np.ndarray) -> None:
+        """One replica's rows of a block (in order) for the saturated window."""
+        waits = np.flatnonzero(waiting)
+        carried = self._after_wait.get(replica)
+        if len(waits):
+            first = waits[0] if carried is None else 0  # else the window opened earlier
+            if carried is not None:
+                self._measured += carried
+            self._measured += weighted[first: waits[-1] + 1].sum(axis=0)
+            self._after_wait[replica] = weighted[waits[-1] + 1:].sum(axis=0)
+        elif carried is not None:
+            carried += weighted.sum(axis=0)
 
     def totals(self) -> StepTotals:
         """The sums the summary needs, over all steps so far."""

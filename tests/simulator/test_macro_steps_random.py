@@ -39,24 +39,26 @@ def workloads(draw):
     return reqs
 
 
-def simulate(reqs, alloc, macro, replicas, chain=True, **limits):
+def simulate(reqs, alloc, macro, replicas, chain=True, window="busy", **limits):
     cost = lambda: RooflineCostModel(MODELS["llama-2-7b"], GPUS["a100-80gb"])  # noqa: E731
     sim = Simulation(reqs, ALLOCATORS[alloc], cost, SchedulerSettings(max_seq_len=1024, **limits),
                      num_replicas=replicas, router="least_outstanding_tokens", macro_steps=macro,
-                     chain_steps=chain)
+                     chain_steps=chain, window=window)
     sim.run()
     itl = sim.replicas[0].scheduler.itl
     for r in sim.replicas[1:]:
         itl.merge(r.scheduler.itl)
     df = sim.request_rows.frame()
-    return df, summarize(df, sim.steps.frame(), itl, sim.replicas[0].scheduler.alloc.capacity)
+    return df, summarize(df, sim.steps.totals(), itl, sim.replicas[0].scheduler.alloc.capacity)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads(), st.sampled_from(list(ALLOCATORS)), st.sampled_from(["recompute", "swap", "auto"]),
-       st.sampled_from(["same", "independent"]), st.sampled_from([1, 2]), st.sampled_from([8, 256]))
-def test_macro_steps_equal_single_steps_on_random_workloads(reqs, alloc, preemption, lengths, replicas, max_seqs):
-    kw = dict(preemption=preemption, sample_lengths=lengths, max_num_seqs=max_seqs)
+       st.sampled_from(["same", "independent"]), st.sampled_from([1, 2, 3]), st.sampled_from([4, 8, 256]),
+       st.sampled_from(["busy", "saturated"]))
+def test_macro_steps_equal_single_steps_on_random_workloads(reqs, alloc, preemption, lengths, replicas, max_seqs,
+                                                            window):
+    kw = dict(preemption=preemption, sample_lengths=lengths, max_num_seqs=max_seqs, window=window)
     one, s_one = simulate(reqs, alloc, False, replicas, **kw)
     many, s_many = simulate(reqs, alloc, True, replicas, **kw)
     for col in ("status", "replica", "generated_tokens", "preemptions", "recomputed_tokens"):

@@ -131,6 +131,25 @@ def test_saturated_window_spans_blocks_from_first_to_last_waiting_row():
 
 
 @pytest.mark.parametrize("keep_rows", [False, True])
+@pytest.mark.parametrize("flush_rows", [1, 2, 4096])
+def test_saturated_window_is_each_replicas_own(keep_rows, flush_rows):
+    # Rows in start order, (replica, duration s, waiting): replica 0 waits at its 1st and
+    # 3rd rows (1 + 2 + 4 s), replica 1 only at its 2nd (32 s). Replica 1's first row
+    # (16 s) starts between replica 0's waiting rows but is outside replica 1's window;
+    # replica 0's last row (8 s) is after its own last waiting row.
+    rows = [(0, 1.0, 1), (1, 16.0, 0), (0, 2.0, 0), (1, 32.0, 2), (0, 4.0, 1), (0, 8.0, 0), (1, 64.0, 0)]
+    log = StepLog(keep_rows=keep_rows, window="saturated")
+    log.flush_rows = flush_rows
+    for i, (replica, d, w) in enumerate(rows):
+        values = {"replica": replica, "start_s": float(i), "duration_s": d, "waiting": w, "batched_requests": 3.0}
+        log.append(tuple(values.get(c, 0) for c in STEP_COLUMNS))
+    got = log.totals()
+    assert got.measured_s == 1 + 2 + 4 + 32
+    assert got.measured["batched_requests"] == 3 * (1 + 2 + 4 + 32)
+    assert got.busy_s == 127
+
+
+@pytest.mark.parametrize("keep_rows", [False, True])
 @pytest.mark.parametrize("flush_rows", [1, 3, 7])
 def test_buffer_never_holds_more_than_flush_rows(keep_rows, flush_rows):
     log = StepLog(keep_rows=keep_rows, window="saturated")
