@@ -26,6 +26,13 @@ test: $(VENV)/.dev
 	$(VENV)/bin/ruff check .
 	TRITON_INTERPRET=1 $(PY) -m pytest
 
+# Mutation testing, not part of `make test` (hours for the whole core on 2 cores; results
+# are cached in mutants/, so a rerun checks only mutants of changed functions). One module:
+# `make mutate MUTANTS='policies.block_pool*'`. See mutation/README.md.
+.PHONY: mutate
+mutate: $(VENV)/.dev
+	$(PY) mutation/run.py $(MUTANTS)
+
 lint: $(VENV)/.dev
 	$(VENV)/bin/ruff check .
 

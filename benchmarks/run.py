@@ -10,7 +10,9 @@ c. beam search of width 4 on 10,000 Alpaca-like requests;
 d. 10,000 / 100,000 / 1,000,000 Poisson requests with ShareGPT-like lengths,
    streamed from the generator (Llama-2-7B, one A100-80GB, 5 req/s).
 
-Usage: ``python -m benchmarks.run [--cases a,b,...] [--no-macro]``.
+Usage: ``python -m benchmarks.run [--cases a,b,...] [--no-macro]``. After the detailed
+table it prints, in Markdown, the table the README's "Speed" section shows (:func:`readme_table`),
+so the README's numbers are this command's output, pasted.
 """
 
 from __future__ import annotations
@@ -54,6 +56,41 @@ CASES: dict[str, tuple[str, dict]] = {
     "d100k": ("100k Poisson ShareGPT-like, Llama-2-7B", poisson_sharegpt(100_000)),
     "d1m": ("1M Poisson ShareGPT-like, Llama-2-7B", poisson_sharegpt(1_000_000)),
 }
+
+
+# The README's "Speed" table: a row per label, several cases in one row joined by " / ".
+README_ROWS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("Azure conv trace (19,366 requests), Llama-2-70B TP2, paged-16", ("a",)),
+    ("the same with Orca-Max", ("b",)),
+    ("beam search width 4, 10,000 Alpaca-like requests", ("c",)),
+    ("10,000 / 100,000 / 1,000,000 Poisson ShareGPT-like requests (5 req/s, Llama-2-7B)",
+     ("d10k", "d100k", "d1m")),
+)
+
+
+def _seconds(wall_s: float) -> str:
+    """Two significant digits, as the README prints them: 0.56 s, 5.5 s, 54 s, 130 s."""
+    return f"{float(f'{wall_s:.2g}'):g} s"
+
+
+def readme_table(results: dict[str, dict]) -> str:
+    """The README's Markdown table (case | wall | peak RSS) from measured cases; a row whose
+    cases were not all run is left out. Below it, the wall time per request of the Poisson
+    cases (the README quotes it)."""
+    lines = ["| case | wall | peak RSS |", "| --- | --- | --- |"]
+    for label, cases in README_ROWS:
+        if not all(c in results for c in cases):
+            continue
+        wall = " / ".join(_seconds(results[c]["wall_s"]) for c in cases)
+        rss = " / ".join(f"{results[c]['peak_rss_mib']:.0f}" for c in cases) + " MiB"
+        lines.append(f"| {label} | {wall} | {rss} |")
+    per_request = [
+        f"{c}: {results[c]['wall_s'] / results[c]['requests'] * 1e6:.0f} µs"
+        for c in ("d10k", "d100k", "d1m") if c in results
+    ]
+    if per_request:
+        lines.append("\nwall time per request: " + ", ".join(per_request))
+    return "\n".join(lines)
 
 
 def run_case(name: str, macro: bool) -> dict:
@@ -109,14 +146,18 @@ def main(argv: list[str] | None = None) -> int:
                 "engine rows", "iterations"):
         table.add_column(col, justify="right" if col not in ("case", "what") else "left")
     console = Console(width=170)
+    measured: dict[str, dict] = {}
     for name in names:
         with console.status(f"running {name} ..."):
             r = measure(name, not args.no_macro)
+        measured[name] = r
         table.add_row(name, CASES[name][0], f"{r['requests']:,}", f"{r['wall_s']:.2f}", f"{r['tokens'] / r['wall_s']:,.0f}",
                       f"{r['wall_s'] / r['requests'] * 1e6:.0f}", f"{r['peak_rss_mib']:.0f}", f"{r['rows']:,}",
                       f"{r['iterations']:,}")
         console.print(f"{name}: {r['wall_s']:.2f} s, peak RSS {r['peak_rss_mib']:.0f} MiB")
     console.print(table)
+    print("\nREADME (Speed):\n")
+    print(readme_table(measured))
     return 0
 
 

@@ -3,15 +3,17 @@
 Plain Python (no torch): the simulator's calibrated cost model asks the same function
 which GEMMs a layer runs, so the shapes it looks up are exactly the shapes measured.
 
-``gpu_validation`` may not import ``simulator``, so the model list below repeats the
-published configs that ``simulator/cost_model/catalogue.py`` also holds (a test checks
-that the two agree).
+The models are the simulator's catalogue (``simulator/cost_model/catalogue.py``, plain
+Python with no simpy or pydantic: the one direction ``gpu_validation -> simulator.cost_model``
+DESIGN.md allows), so the two lists cannot drift apart.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+from simulator.cost_model.catalogue import MODELS
 
 
 @dataclass(frozen=True)
@@ -26,19 +28,13 @@ class ModelShape:
     ffn_size: int
     vocab_size: int
     gated_ffn: bool  # SwiGLU: gate and up projections (fused), then down
+    head_dim: int = 0  # 0: hidden_size // num_heads
 
 
-# facebook/opt-*, huggyllama/llama-13b, meta-llama/Llama-2-*, Meta-Llama-3-* configs.
 MODEL_SHAPES = {
-    "opt-13b": ModelShape("OPT-13B", 40, 5120, 40, 40, 20480, 50272, False),
-    "opt-66b": ModelShape("OPT-66B", 64, 9216, 72, 72, 36864, 50272, False),
-    "opt-175b": ModelShape("OPT-175B", 96, 12288, 96, 96, 49152, 50272, False),
-    "llama-13b": ModelShape("LLaMA-13B", 40, 5120, 40, 40, 13824, 32000, True),
-    "llama-2-7b": ModelShape("Llama-2-7B", 32, 4096, 32, 32, 11008, 32000, True),
-    "llama-2-13b": ModelShape("Llama-2-13B", 40, 5120, 40, 40, 13824, 32000, True),
-    "llama-2-70b": ModelShape("Llama-2-70B", 80, 8192, 64, 8, 28672, 32000, True),
-    "llama-3-8b": ModelShape("Llama-3-8B", 32, 4096, 32, 8, 14336, 128256, True),
-    "llama-3-70b": ModelShape("Llama-3-70B", 80, 8192, 64, 8, 28672, 128256, True),
+    key: ModelShape(m.name, m.num_layers, m.hidden_size, m.num_heads, m.num_kv_heads, m.ffn_size,
+                    m.vocab_size, m.gated_ffn, m.head_dim)
+    for key, m in MODELS.items()
 }
 
 TENSOR_PARALLEL_DEGREES = (1, 2, 4, 8)
@@ -51,15 +47,16 @@ def layer_gemms(
     ffn_size: int,
     gated_ffn: bool,
     tp: int = 1,
+    head_dim: int = 0,
 ) -> list[tuple[int, int]]:
     """``(n, k)`` of each GEMM one decoder layer runs on one of ``tp`` GPUs (Megatron split).
 
     ``y[m, n] = x[m, k] @ w[k, n]`` with ``m`` the tokens of the step. Column-parallel
     layers (fused QKV, fused gate+up) split ``n``; row-parallel ones (output projection,
     down projection) split ``k``. Heads that do not divide evenly round up (KV heads are
-    replicated when ``tp`` exceeds them).
+    replicated when ``tp`` exceeds them). ``head_dim`` 0: ``hidden_size // num_heads``.
     """
-    head_dim = hidden_size // num_heads
+    head_dim = head_dim or hidden_size // num_heads
     q_heads = math.ceil(num_heads / tp)
     kv_heads = math.ceil(num_kv_heads / tp)
     ffn = math.ceil(ffn_size / tp)
@@ -79,7 +76,8 @@ def lm_head_gemm(hidden_size: int, vocab_size: int, tp: int = 1) -> tuple[int, i
 def model_gemms(shape: ModelShape, tp: int = 1) -> list[tuple[int, int]]:
     """All distinct GEMM shapes of one model at one tensor-parallel degree."""
     gemms = layer_gemms(
-        shape.hidden_size, shape.num_heads, shape.num_kv_heads, shape.ffn_size, shape.gated_ffn, tp
+        shape.hidden_size, shape.num_heads, shape.num_kv_heads, shape.ffn_size, shape.gated_ffn, tp,
+        shape.head_dim,
     )
     gemms.append(lm_head_gemm(shape.hidden_size, shape.vocab_size, tp))
     return list(dict.fromkeys(gemms))

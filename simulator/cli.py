@@ -5,6 +5,7 @@
     kvsim plot RESULTS                       draw a sweep's or a run's figures
     kvsim trace stats FILE | trace plot FILE inspect a trace
     kvsim calibrate [...]                    measure a GPU (needs CUDA; see gpu_validation)
+    kvsim calibrate --import DIR             import a public operator profile (cost_model.kind: profiled)
 
 Every user error (bad config, bad trace row, a run that cannot progress) is one
 line on stderr and exit status 2 — never a traceback.
@@ -19,6 +20,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from simulator.display import fmt_cell, fmt_number
+
 HEADLINE = (
     ("completed", "requests completed", "{:.0f}"),
     ("rejected", "requests rejected", "{:.0f}"),
@@ -32,6 +35,7 @@ HEADLINE = (
     ("normalized_latency_s_per_token", "normalized latency (s/token)", "{:.4f}"),
     ("mean_batched_requests", "mean batched requests", "{:.2f}"),
     ("num_preemptions", "preemptions", "{:.0f}"),
+    ("kv_num_gpu_blocks", "KV blocks per replica", "{:.0f}"),
     ("kv_cache_usage_perc", "KV cache allocated (%)", "{:.1f}"),
     ("mem_token_states_perc", "  token states (%)", "{:.1f}"),
     ("mem_reserved_perc", "  reserved (%)", "{:.1f}"),
@@ -48,27 +52,35 @@ def summary_table(summary: dict, title: str) -> Table:
     table.add_column("value", justify="right")
     for key, label, fmt in HEADLINE:
         v = summary.get(key)
-        table.add_row(f"{label} [dim]{key}[/dim]", "-" if v is None or v != v else fmt.format(v))
+        table.add_row(f"{label} [dim]{key}[/dim]", fmt_number(v, fmt))
     return table
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from simulator.config import load_config
-    from simulator.results import default_run_dir, write_run
-    from simulator.runner import run_experiment
+    from simulator.results import check_writable, default_run_dir, write_run
+    from simulator.run_progress import RunProgress
+    from simulator.runner import expected_duration_s, expected_requests, run_experiment
 
     cfg, base_dir = load_config(args.config, args.set or [])
     if args.out:
         cfg = cfg.model_copy(update={"output_dir": args.out})
+    run_dir = default_run_dir(cfg, args.run)  # a bad --run name fails here
+    check_writable(run_dir)  # before simulating: a long run must not end in a write error
     console = Console()
-    with console.status(f"simulating {cfg.name} ..."):
-        result = run_experiment(cfg, base_dir)
-    run_dir = write_run(result, default_run_dir(cfg, args.run), plot=not args.no_plot)
+    stderr = Console(stderr=True, quiet=args.quiet)
+    with RunProgress(cfg.name, expected_requests(cfg), console=stderr,
+                     total_sim_s=expected_duration_s(cfg)) as progress:
+        result = run_experiment(cfg, base_dir, progress=progress)
+    run_dir = write_run(result, run_dir, plot=not args.no_plot)
     console.print(summary_table(result.summary, f"{cfg.name}  ({result.wall_s:.2f} s wall)"))
     console.print(f"results: {run_dir}")
-    if not args.no_plot:
-        console.print(f"plot:    {run_dir / 'memory_timeline.png'}")
-    return 0
+    plot = run_dir / "memory_timeline.png"
+    if plot.is_file():  # not drawn with --no-plot, nor without the per-step table
+        console.print(f"plot:    {plot}")
+    for w in result.warnings:
+        print(f"{'error' if args.strict else 'warning'}: {w}", file=sys.stderr)
+    return 2 if args.strict and result.warnings else 0
 
 
 def _parse_find_rate(text: str) -> dict:
@@ -89,6 +101,14 @@ def _parse_find_rate(text: str) -> dict:
 def cmd_sweep(args: argparse.Namespace) -> int:
     from simulator.sweep import expand_points, load_sweep, run_sweep, validate_points
 
+    _check_address(args)
+    if args.name is not None:
+        from simulator.config import check_name
+
+        try:
+            check_name(args.name, "--name")
+        except ValueError as e:
+            raise UsageError(str(e)) from None
     spec = load_sweep(args.sweep, grid=args.grid or [], zip_axes=args.zip or [], set_=args.set or [],
                       name=args.name, output_dir=args.out,
                       find_rate=_parse_find_rate(args.find_rate) if args.find_rate else None)
@@ -154,8 +174,7 @@ def sweep_table(table, params, title: str, max_rows: int = 40, show_system: bool
         cells = [str(row["run"]), *([str(row["system"])] if show_system else []), *(_text(row[p]) for p in params)]
         cells.append("[green]ok[/green]" if row["status"] == "ok" else f"[red]{row['status']}[/red]")
         for key, _, fmt in SWEEP_COLUMNS:
-            v = row.get(key)
-            cells.append("-" if v is None or v != v else fmt.format(v))
+            cells.append(fmt_number(row.get(key), fmt))
         t.add_row(*cells)
     if len(table) > max_rows:
         t.caption = f"{len(table) - max_rows} more rows in the table files"
@@ -163,7 +182,7 @@ def sweep_table(table, params, title: str, max_rows: int = 40, show_system: bool
 
 
 def _text(value) -> str:
-    return "-" if value is None or value != value else str(value)
+    return fmt_cell(value)
 
 
 def rates_table(rates, title: str) -> Table:
@@ -171,12 +190,13 @@ def rates_table(rates, title: str) -> Table:
     for col in ("system", "sustainable rate", "search", "bracket", "runs"):
         t.add_column(col, no_wrap=True)
     for _, r in rates.iterrows():
-        rate = "-" if r["sustainable_rate"] != r["sustainable_rate"] else f"{r['sustainable_rate']:g}"
-        bracket = f"[{r['bracket_lo']:g}, {r['bracket_hi']:g}]" if r["bracket_lo"] == r["bracket_lo"] \
-            and r["bracket_hi"] == r["bracket_hi"] else "-"
+        rate = fmt_number(r["sustainable_rate"], "{:g}")
+        bracket = f"[{fmt_number(r['bracket_lo'], '{:g}')}, {fmt_number(r['bracket_hi'], '{:g}')}]" \
+            if r["bracket_lo"] == r["bracket_lo"] and r["bracket_hi"] == r["bracket_hi"] else "-"
         t.add_row(str(r["system"]), rate, str(r["search_status"]), bracket, str(r["evaluations"]))
-    hints = {"above_hi": "above_hi: even hi met the bound, raise hi",
-             "below_lo": "below_lo: even lo missed the bound, lower lo"}
+    hints = {"above_hi": "above_hi: the highest rate tried (after widening) met the bound: a lower "
+                         "bound, raise hi",
+             "below_lo": "below_lo: the lowest rate tried (after widening) missed the bound, lower lo"}
     found = [h for k, h in hints.items() if (rates["search_status"] == k).any()]
     if found:
         t.caption = "; ".join(found)
@@ -184,15 +204,33 @@ def rates_table(rates, title: str) -> Table:
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
-    from simulator.reproduce import reproduce
+    from simulator.reproduce import EXPERIMENTS, reproduce
 
+    _check_address(args)
     only = tuple(x.strip() for x in (args.only or "").split(",") if x.strip())
+    unknown = [x for x in only if x not in {e.key for e in EXPERIMENTS}]
+    if unknown:
+        raise UsageError(f"--only {', '.join(unknown)}: unknown experiment; choose from "
+                         f"{', '.join(e.key for e in EXPERIMENTS)}")
     console = Console()
     report = reproduce(Path(args.out), quick=args.quick, executor=args.executor, workers=args.workers,
                        address=args.address, only=only, progress=not args.no_progress, log=console.print)
-    console.print(f"report:  {report}")
-    console.print(f"figures: {report.parent / 'figures'}")
-    return 0
+    console.print(f"report:  {report.path}")
+    if report.figures:
+        console.print(f"figures: {report.path.parent / 'figures'}")
+    for key, why in report.failed.items():  # a section that failed fails the command
+        print(f"error: section {key} failed: {why}", file=sys.stderr)
+    return 1 if report.failed else 0
+
+
+class UsageError(Exception):
+    """Options that do not go together, or a value the command does not know; one line."""
+
+
+def _check_address(args: argparse.Namespace) -> None:
+    if args.address and args.executor != "ray":
+        raise UsageError(f"--address {args.address}: a cluster address is for --executor ray; the "
+                         f"{args.executor} executor runs on this machine")
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
@@ -201,8 +239,15 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return bench_main(args.rest)
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (as every other kvsim error), exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kvsim", description="Simulate KV-cache memory management for LLM serving.")
+    p = OneLineParser(prog="kvsim", description="Simulate KV-cache memory management for LLM serving.")
     sub = p.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="simulate one experiment (a YAML config)")
@@ -211,6 +256,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--run", help="name of the run folder (default: hash of the resolved config)")
     run.add_argument("--out", help="results folder (default: the config's output_dir, 'results')")
     run.add_argument("--no-plot", action="store_true", help="do not draw the memory timeline")
+    run.add_argument("--quiet", action="store_true", help="no progress bar (it is drawn only on a terminal)")
+    run.add_argument("--strict", action="store_true",
+                     help="a degenerate run (no request completed, an empty workload) exits 2, not 0")
     run.set_defaults(func=cmd_run)
 
     sw = sub.add_parser(
@@ -226,8 +274,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="an axis varied together with the other --zip axes (equal lengths)")
     sw.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a key in every run")
     sw.add_argument("--find-rate", metavar="lo=L,hi=H[,...]",
-                    help="search each grid point's sustainable rate between L and H; optional keys: key, "
-                    "tolerance, max_normalized_latency (s/token), max_p99_ttft_ms, max_p99_tpot_ms")
+                    help="search each grid point's sustainable rate between L and H (widened if the answer "
+                    "lies outside); optional keys: key, rel_tolerance (default 0.02 of the rate), tolerance "
+                    "(absolute), max_widenings, max_normalized_latency (s/token), max_p99_ttft_ms, "
+                    "max_p99_tpot_ms")
     sw.add_argument("--name", help="sweep name (results go to OUT/NAME)")
     sw.add_argument("--out", help="results folder (default: the sweep's output_dir, 'results')")
     sw.add_argument("--executor", choices=("local", "ray"), default="local",
@@ -270,25 +320,44 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from gpu_validation.profile import ProfileError
     from simulator.config import ConfigError
+    from simulator.cost_model.operator_profile import OperatorProfileError
     from simulator.engine import SimulationStalled
     from simulator.plot_cli import PlotError
+    from simulator.results import OutputError
     from simulator.sweep import SweepError
     from traces import TraceError
 
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["calibrate"]:  # every later argument belongs to the benchmark, options included
-        from gpu_validation.bench import main as bench_main
-
-        return bench_main(argv[1:])
-    args = build_parser().parse_args(argv)
     try:
+        if argv[:1] == ["calibrate"] and "--import" in argv[1:]:  # a public profile bundle -> a profile
+            from gpu_validation.import_profile import main as import_main
+
+            return import_main(argv[1:])
+        if argv[:1] == ["calibrate"]:  # every later argument belongs to the benchmark, options included
+            from gpu_validation.bench import main as bench_main
+
+            return bench_main(argv[1:])
+        try:
+            args = build_parser().parse_args(argv)
+        except SystemExit as e:  # --help (0) or a usage error (2, already printed on one line)
+            return e.code if isinstance(e.code, int) else 2
         return args.func(args)
-    except (ConfigError, TraceError, SimulationStalled, SweepError, PlotError) as e:
+    except (ConfigError, TraceError, SimulationStalled, SweepError, PlotError, OutputError, ProfileError,
+            OperatorProfileError, UsageError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except FileNotFoundError as e:
         print(f"error: {e.filename}: file not found" if e.filename else f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a disk that is full, a folder that is not writable, ...
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"error: {where}{e.strerror or e}", file=sys.stderr)
+        return 2
+    except MemoryError:
+        print("error: out of memory: the run is too large for this machine (fewer requests, a shorter "
+              "workload.window, or metrics.step_table: false)", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

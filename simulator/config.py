@@ -7,41 +7,104 @@ Errors name the file, the line, the key path and what is allowed, e.g.::
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
+from policies.contiguous_allocator import contiguous_preset
 from simulator.capacity import kv_cache_bytes, kv_slots
 from simulator.cost_model.catalogue import GPUS, MODELS, GiB, GPUSpec, ModelSpec
-from simulator.workload import WorkloadConfig
+from simulator.workload import WorkloadConfig, numbers_are_not_booleans
 
 
 class ConfigError(ValueError):
-    """A configuration problem, already formatted as one line for the user."""
+    """A configuration problem, formatted as one line for the user (any line break or run of
+    spaces, e.g. from a value the user typed, becomes one space)."""
+
+    def __init__(self, message: str):
+        super().__init__(" ".join(str(message).split()))
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    _no_bools = model_validator(mode="before")(numbers_are_not_booleans)
+
+
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+"""A safe folder name: letters, digits, '.', '_', '-', starting with a letter or digit (so
+never '.', '..' or hidden), no separators, at most 128 characters."""
+
+
+NAME_RULE = "letters, digits, '.', '_' and '-', starting with a letter or digit, at most 128 characters"
+
+
+def check_name(value: str, what: str) -> str:
+    """Return ``value`` if it is a safe folder name (run and experiment names become folders
+    under ``output_dir``: a slash or '..' would write, or replace, elsewhere); else ValueError."""
+    if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value):
+        raise ValueError(f"{what} {value!r} is not a plain folder name: use {NAME_RULE}")
+    return value
+
+
+MAX_CONTEXT_TOKENS = 16 * 2**20
+"""Longest ``max_seq_len`` accepted (16 Mi tokens): beyond any published model's window."""
+
+
+class ModelShapeConfig(Strict):
+    """Any decoder-only transformer by its shape (its Hugging Face config's key in brackets)."""
+
+    num_layers: int = Field(gt=0)  # num_hidden_layers
+    hidden_size: int = Field(gt=0)
+    num_heads: int = Field(gt=0)  # num_attention_heads
+    num_kv_heads: int | None = Field(None, gt=0, description="num_key_value_heads; default num_heads")
+    head_dim: int | None = Field(None, gt=0, description="default hidden_size // num_heads")
+    intermediate_size: int = Field(gt=0)
+    vocab_size: int = Field(gt=0)
+    max_seq_len: int = Field(gt=0, le=MAX_CONTEXT_TOKENS)  # max_position_embeddings
+    gated_ffn: bool = True  # SwiGLU (gate, up, down) vs a 2-matrix MLP
+    dtype_bytes: int = Field(2, ge=1, le=8)
+
+    def spec(self, name: str) -> ModelSpec:
+        return ModelSpec(name, self.num_layers, self.hidden_size, self.num_heads,
+                         self.num_kv_heads or self.num_heads, self.intermediate_size, self.vocab_size,
+                         self.max_seq_len, self.gated_ffn, self.dtype_bytes, self.head_dim)
 
 
 class ModelConfig(Strict):
-    """A model from the catalogue (``simulator.cost_model.catalogue.MODELS``)."""
+    """A model from the catalogue (``simulator.cost_model.catalogue.MODELS``), or any
+    model described by ``shape`` (then ``name`` is only its label)."""
 
+    shape: ModelShapeConfig | None = None  # before name: name's check reads it
     name: str = "llama-2-7b"
-    max_seq_len: int | None = Field(None, gt=0, description="tokens; default: the model's context window")
+    max_seq_len: int | None = Field(None, gt=0, le=MAX_CONTEXT_TOKENS,
+                                    description="tokens; default: the model's context window")
 
     @field_validator("name")
     @classmethod
-    def _known(cls, v: str) -> str:
+    def _known(cls, v: str, info: ValidationInfo) -> str:
+        if info.data.get("shape") is not None:
+            return v
         if v.lower() not in MODELS:
-            raise ValueError(f"unknown model {v!r}; choose one of {', '.join(MODELS)}")
+            raise ValueError(f"unknown model {v!r}; choose one of {', '.join(MODELS)}, or describe it "
+                             "with model.shape (num_layers, hidden_size, num_heads, ...)")
         return v.lower()
 
     @property
     def spec(self) -> ModelSpec:
-        return MODELS[self.name]
+        return self.shape.spec(self.name) if self.shape is not None else MODELS[self.name]
 
     @property
     def context_len(self) -> int:
@@ -56,8 +119,10 @@ class HardwareConfig(Strict):
     num_replicas: int = Field(1, ge=1, le=1024)
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     kv_cache_gb: float | None = Field(None, gt=0, description="GiB of KV per replica; overrides the computed value")
+    num_gpu_blocks: int | None = Field(None, gt=0, le=2**31, description="KV blocks of allocator.block_size tokens "
+                                       "per replica (vLLM's num_gpu_blocks, e.g. from its log); overrides kv_cache_gb")
     activation_reserve_gb: float = Field(1.0, ge=0, description="GiB per GPU kept for activations")
-    swap_space_gb: float = Field(4.0, ge=0, description="GiB of CPU swap space per GPU")
+    swap_space_gb: float = Field(4.0, ge=0, le=4096, description="GiB of CPU swap space per GPU")
     pcie: Literal["gen4", "gen5"] | None = None
 
     @field_validator("gpu")
@@ -71,6 +136,15 @@ class HardwareConfig(Strict):
     def spec(self) -> GPUSpec:
         return GPUS[self.gpu]
 
+    @model_validator(mode="after")
+    def _kv_fits(self) -> HardwareConfig:
+        if self.kv_cache_gb is not None:
+            total = self.tensor_parallel * self.spec.memory_bytes / GiB
+            if self.kv_cache_gb > total:
+                raise ValueError(f"kv_cache_gb {self.kv_cache_gb:g} GiB does not fit in {self.tensor_parallel} x "
+                                 f"{self.gpu} ({total:g} GiB in all)")
+        return self
+
 
 PRESETS = ("orca-max", "orca-pow2", "orca-oracle", "fastertransformer")
 
@@ -81,7 +155,7 @@ class AllocatorConfig(Strict):
     kind: Literal["paged", "contiguous"] = "paged"
     preset: Literal["orca-max", "orca-pow2", "orca-oracle", "fastertransformer"] | None = None
     block_size: int = 16
-    placement: Literal["buddy", "first_fit", "best_fit"] = "buddy"
+    placement: Literal["buddy", "buddy_exact", "first_fit", "best_fit"] = "buddy"
     reservation: Literal["max", "pow2", "oracle"] = "max"
     max_seq_len: int | None = Field(None, gt=0, description="reservation of 'max' (tokens); default: the model's")
     watermark: float = Field(0.01, ge=0, lt=0.5, description="share of KV slots kept free at admission")
@@ -91,13 +165,40 @@ class AllocatorConfig(Strict):
     @classmethod
     def _pow2(cls, v: int) -> int:
         if not (1 <= v <= 256 and v & (v - 1) == 0):
-            raise ValueError(f"must be a power of two from 1 to 256 (got {v})")
+            raise ValueError("must be a power of two from 1 to 256")
         return v
 
     @model_validator(mode="after")
     def _preset_is_contiguous(self) -> AllocatorConfig:
         if self.preset is not None and self.kind != "contiguous":
             raise ValueError(f"preset {self.preset!r} is a contiguous allocator: set kind: contiguous")
+        return self
+
+    @model_validator(mode="after")
+    def _no_ignored_keys(self) -> AllocatorConfig:
+        """A key the chosen kind (or preset) would ignore is an error, not a silent no-op.
+
+        Judged by value, not presence: a resolved config carries every key at its default
+        (and a preset's own values) and must load again.
+        """
+        fields = type(self).model_fields
+        if self.kind == "paged":
+            ignored = [k for k in ("placement", "reservation", "max_seq_len") if getattr(self, k) != fields[k].default]
+            if ignored:
+                raise ValueError(f"{', '.join(ignored)}: allowed only with kind contiguous (paged allocates "
+                                 "blocks on demand)")
+        else:
+            if self.prefix_caching:
+                raise ValueError("prefix_caching: allowed only with kind paged (contiguous regions are not shared)")
+            if self.block_size != fields["block_size"].default:
+                raise ValueError(f"block_size {self.block_size}: allowed only with kind paged (a contiguous "
+                                 "allocator has no blocks)")
+        if self.preset is not None:
+            p = contiguous_preset(self.preset)
+            for key, wanted in (("placement", p.placement), ("reservation", p.reservation)):
+                if getattr(self, key) != wanted:
+                    raise ValueError(f"{key} {getattr(self, key)!r} conflicts with preset {self.preset!r}, which "
+                                     f"uses {wanted!r}: remove {key} or the preset")
         return self
 
 
@@ -127,9 +228,11 @@ class DecodingConfig(Strict):
 
 
 class CostModelConfig(Strict):
-    """``roofline`` needs no GPU; ``calibrated`` reads a profile from ``kvsim calibrate``."""
+    """``roofline`` needs no GPU; ``calibrated`` reads a profile from ``kvsim calibrate``;
+    ``profiled`` reads measured operator tables (``kvsim calibrate --import``), e.g.
+    ``profile: rtx4090-llama-3.1-8b`` (its step overhead is 0 unless ``step_overhead_s`` is set)."""
 
-    kind: Literal["roofline", "calibrated"] = "roofline"
+    kind: Literal["roofline", "calibrated", "profiled"] = "roofline"
     profile: str | None = None
     compute_efficiency: float = Field(0.6, gt=0, le=1)
     memory_efficiency: float = Field(0.8, gt=0, le=1)
@@ -140,6 +243,9 @@ class CostModelConfig(Strict):
     def _profile_given(self) -> CostModelConfig:
         if self.kind == "calibrated" and not self.profile:
             raise ValueError("kind 'calibrated' needs profile: PATH (a YAML written by kvsim calibrate)")
+        if self.kind == "profiled" and not self.profile:
+            raise ValueError("kind 'profiled' needs profile: NAME or PATH (an operator profile, e.g. "
+                             "rtx4090-llama-3.1-8b, written by kvsim calibrate --import)")
         return self
 
 
@@ -158,6 +264,13 @@ class MetricsConfig(Strict):
     window_end_s: float | None = Field(None, gt=0)
     step_table: bool = True  # write the per-step table (Parquet)
 
+    @model_validator(mode="after")
+    def _ordered(self) -> MetricsConfig:
+        s, e = self.window_start_s, self.window_end_s
+        if s is not None and e is not None and e <= s:
+            raise ValueError(f"window_end_s ({e:g}) must be after window_start_s ({s:g})")
+        return self
+
     @property
     def measurement_window(self) -> str | tuple[float | None, float | None]:
         if self.window_start_s is not None or self.window_end_s is not None:
@@ -167,7 +280,7 @@ class MetricsConfig(Strict):
 
 class ExperimentConfig(Strict):
     name: str = "experiment"
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=2**63 - 1)
     model: ModelConfig = ModelConfig()
     hardware: HardwareConfig = HardwareConfig()
     workload: WorkloadConfig
@@ -178,6 +291,29 @@ class ExperimentConfig(Strict):
     cost_model: CostModelConfig = CostModelConfig()
     metrics: MetricsConfig = MetricsConfig()
     output_dir: str = "results"
+
+    @field_validator("name")
+    @classmethod
+    def _slug(cls, v: str) -> str:
+        if not NAME_PATTERN.fullmatch(v):
+            raise ValueError(f"must be a plain folder name: {NAME_RULE}")
+        return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _resolve_preset(cls, data: Any) -> Any:
+        """Write a preset's settings into the config (where not given), so the resolved config
+        says what runs; a given value that differs is an error (see the checks below)."""
+        alloc = data.get("allocator") if isinstance(data, dict) else None
+        if not isinstance(alloc, dict) or alloc.get("preset") not in PRESETS:
+            return data
+        p = contiguous_preset(alloc["preset"])
+        data = {**data, "allocator": {"placement": p.placement, "reservation": p.reservation, **alloc}}
+        sched = data.get("scheduler", {})
+        if isinstance(sched, dict):
+            wanted = "request" if p.request_level_batching else "iteration"
+            data["scheduler"] = {"batching": wanted, **sched}
+        return data
 
     @model_validator(mode="after")
     def _fits(self) -> ExperimentConfig:
@@ -190,6 +326,9 @@ class ExperimentConfig(Strict):
             )
         if self.kv_slots < self.allocator.block_size:
             raise ValueError(f"KV cache of {self.kv_slots} slots holds less than one block")
+        self._check_parallelism()
+        self._check_lengths()
+        self._check_group_size()
         trace = self.workload.trace
         if self.allocator.prefix_caching and trace is not None and trace.hash_block_tokens % self.allocator.block_size:
             raise ValueError(
@@ -201,11 +340,53 @@ class ExperimentConfig(Strict):
                 f"scheduler.max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= the model's "
                 f"max_seq_len ({self.model.context_len}), or long prompts could never be scheduled"
             )
+        if self.max_num_batched_tokens < self.scheduler.max_num_seqs:  # as vLLM: a decode step is a token a sequence
+            raise ValueError(
+                f"scheduler.max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
+                f"scheduler.max_num_seqs ({self.scheduler.max_num_seqs}), or a decode step would exceed the token budget"
+            )
         return self
+
+    def _check_parallelism(self) -> None:
+        """Tensor parallelism splits attention heads across GPUs (vLLM's rule): the query heads
+        must divide evenly, and the KV heads too, or be replicated evenly when fewer than GPUs."""
+        tp, m = self.hardware.tensor_parallel, self.model.spec
+        if m.num_heads % tp or (m.num_kv_heads % tp if tp <= m.num_kv_heads else tp % m.num_kv_heads):
+            ok = [d for d in range(1, 65) if m.num_heads % d == 0
+                  and (m.num_kv_heads % d == 0 if d <= m.num_kv_heads else d % m.num_kv_heads == 0)]
+            raise ValueError(f"hardware.tensor_parallel {tp} does not split {self.model.name}'s {m.num_heads} "
+                             f"attention heads ({m.num_kv_heads} KV heads) evenly; use one of "
+                             f"{', '.join(map(str, ok))}")
+
+    def _check_lengths(self) -> None:
+        """An explicit max length longer than the whole KV cache could never be used (vLLM refuses
+        to start then), and a preset's batching must not be overridden silently."""
+        for key, value in (("model.max_seq_len", self.model.max_seq_len),
+                           ("allocator.max_seq_len", self.allocator.max_seq_len)):
+            if value is not None and value > self.kv_slots:
+                raise ValueError(f"{key} ({value}) is larger than the KV cache ({self.kv_slots} token slots "
+                                 "per replica): lower it or give more KV memory")
+        if self.allocator.preset is not None:
+            request = contiguous_preset(self.allocator.preset).request_level_batching
+            if (self.scheduler.batching == "request") != request:
+                raise ValueError(f"scheduler.batching {self.scheduler.batching!r} conflicts with allocator.preset "
+                                 f"{self.allocator.preset!r}, which uses {'request' if request else 'iteration'}"
+                                 " batching: remove one of them")
+
+    def _check_group_size(self) -> None:
+        """A request's samples (or beams) are one group, scheduled together: a group larger than
+        ``max_num_seqs`` could never run (vLLM v0 would leave it waiting forever)."""
+        size = max(self.workload.n, self.workload.beam_width)
+        if size > self.scheduler.max_num_seqs:
+            key = "workload.n" if self.workload.n >= self.workload.beam_width else "workload.beam_width"
+            raise ValueError(f"{key} ({size}) is more than scheduler.max_num_seqs ({self.scheduler.max_num_seqs}): "
+                             "a request's sequences run together, so it could never be scheduled")
 
     @property
     def kv_bytes(self) -> float:
         hw = self.hardware
+        if hw.num_gpu_blocks is not None:  # exactly that many blocks (vLLM: KV memory // block bytes)
+            return hw.num_gpu_blocks * self.allocator.block_size * self.model.spec.kv_bytes_per_token
         if hw.kv_cache_gb is not None:
             return hw.kv_cache_gb * GiB
         return kv_cache_bytes(self.model.spec, hw.spec, hw.tensor_parallel, hw.gpu_memory_utilization,
@@ -222,8 +403,65 @@ class ExperimentConfig(Strict):
 
 # --- loading -------------------------------------------------------------------------
 
+MAX_YAML_BYTES = 1 << 20
+"""Largest YAML file read (1 MiB): configs and sweeps are a few KB; more is a mistake."""
+MAX_YAML_NODES = 100_000
+"""Most values a YAML document may hold once its aliases are expanded (the "billion laughs"
+bomb: nested aliases of 8-fold lists reach 10^8 values from a few hundred bytes)."""
+
+
+def check_document(node: yaml.Node) -> tuple[int | None, str] | None:
+    """What is wrong with a composed YAML document (its 1-based line, or None, and what), or
+    None: too many values once aliases are expanded, a key given twice in one mapping, or a
+    key that is not a plain scalar."""
+    sizes: dict[int, int] = {}
+
+    def size(n: yaml.Node) -> int:  # values after alias expansion, memoized (aliases share nodes)
+        if id(n) in sizes:
+            return sizes[id(n)]
+        sizes[id(n)] = MAX_YAML_NODES + 1  # a node reached again while being counted: a cycle
+        total = 1
+        if isinstance(n, yaml.MappingNode):
+            total += sum(size(k) + size(v) for k, v in n.value)
+        elif isinstance(n, yaml.SequenceNode):
+            total += sum(size(v) for v in n.value)
+        sizes[id(n)] = min(total, MAX_YAML_NODES + 1)
+        return sizes[id(n)]
+
+    if size(node) > MAX_YAML_NODES:
+        return None, f"more than {MAX_YAML_NODES} values once aliases are expanded (an alias bomb?)"
+    for n in _mappings(node):
+        seen: dict[Any, int] = {}
+        for k, _ in n.value:
+            line = k.start_mark.line + 1
+            if not isinstance(k, yaml.ScalarNode):
+                return line, f"a key must be a plain name, not a {k.id}"
+            if k.value == "<<":
+                continue
+            if k.value in seen:
+                return line, f"key {k.value!r} given twice (first on line {seen[k.value]})"
+            seen[k.value] = line
+    return None
+
+
+def _mappings(node: yaml.Node) -> Iterator[yaml.MappingNode]:
+    """Every distinct mapping node of a document (each alias target once)."""
+    stack, visited = [node], set()
+    while stack:
+        n = stack.pop()
+        if id(n) in visited:
+            continue
+        visited.add(id(n))
+        if isinstance(n, yaml.MappingNode):
+            yield n
+            stack.extend(v for kv in n.value for v in kv)
+        elif isinstance(n, yaml.SequenceNode):
+            stack.extend(n.value)
+
+
 def line_map(node: yaml.Node, path: tuple = (), out: dict | None = None) -> dict[tuple, int]:
-    """Map each key path in a YAML document to its 1-based line."""
+    """Map each key path in a YAML document to its 1-based line (check it first with
+    :func:`check_document`: the map has one entry per value after alias expansion)."""
     out = {} if out is None else out
     if isinstance(node, yaml.MappingNode):
         for k, v in node.value:
@@ -245,9 +483,9 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not key.strip():
         raise ConfigError(f"--set {text}: empty key")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"--set {text}: value is not valid YAML ({e.problem})") from None
+        value = parse_yaml(raw, f"--set {key.strip()}")[0] if raw.strip() else None
+    except ConfigError as e:
+        raise ConfigError(str(e).replace(": not valid YAML", ": value is not valid YAML", 1)) from None
     return key.strip().split("."), value
 
 
@@ -279,7 +517,7 @@ def _format_errors(err: ValidationError, source: str, lines: dict[tuple, int], o
         elif e["type"] == "missing":
             msg = "required key is missing"
         elif "input" in e and e["type"] not in ("model_type",) and not isinstance(e["input"], dict):
-            msg += f" (got {e['input']!r})"
+            msg += f" (got {_short(e['input'])})"
         where = source
         for n in range(len(loc), 0, -1):
             if loc[:n] in overridden:
@@ -289,7 +527,13 @@ def _format_errors(err: ValidationError, source: str, lines: dict[tuple, int], o
                 where = f"{source}:{lines[loc[:n]]}"
                 break
         msgs.append(f"{where}: {key}: {msg}" if key else f"{where}: {msg}")
-    return "\n".join(msgs)
+    return "; ".join(" ".join(m.split()) for m in msgs)  # one line, however many problems
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    """``repr(value)``, cut to ``limit`` characters: an error line must stay a line."""
+    text = " ".join(repr(value).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _allowed_keys(model: type[BaseModel], path: tuple) -> list[str]:
@@ -309,16 +553,37 @@ def read_yaml(path: str | Path, what: str = "config", error: type[Exception] = C
     """
     path = Path(path)
     try:
-        text = path.read_text()
+        if path.stat().st_size > MAX_YAML_BYTES:
+            raise error(f"{path}: {what} file larger than {MAX_YAML_BYTES >> 20} MiB; not a {what}?")
+        text = path.read_bytes().decode("utf-8")
     except OSError as e:
         raise error(f"{path}: cannot read {what} ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise error(f"{path}: {what} is not UTF-8 text (byte {e.start}: {e.reason})") from None
+    return parse_yaml(text, str(path), error)
+
+
+def parse_yaml(text: str, where: str, error: type[Exception] = ConfigError) -> tuple[Any, dict]:
+    """Parse one YAML document (``where`` names it in errors); return its data and line map."""
+    loader = None
     try:
-        node = yaml.compose(text)
-        raw = yaml.safe_load(text)
+        loader = yaml.SafeLoader(text)
+        node = loader.get_single_node()
+        problem = check_document(node) if node is not None else None
+        if problem:
+            line, what = problem
+            raise error(f"{where}{'' if line is None else f':{line}'}: {what}")
+        raw = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise error(f"{where}: not valid YAML ({getattr(e, 'problem', None) or e})") from None
+        at = f"{where}:{mark.line + 1}" if mark else where
+        problem = getattr(e, "problem", None) or getattr(e, "reason", None) or str(e)
+        raise error(f"{at}: not valid YAML ({' '.join(str(problem).split())})") from None
+    except RecursionError:
+        raise error(f"{where}: nested too deeply") from None
+    finally:
+        if loader is not None:
+            loader.dispose()
     return raw, (line_map(node) if node else {})
 
 

@@ -151,6 +151,8 @@ class Simulation:
         while True:
             step = sched.schedule(now)
             if step.empty:
+                if step.preempted:  # it preempted every running group: schedule again (swap back in, readmit)
+                    continue
                 if sched.has_work and not sched.running:
                     raise SimulationStalled(self._stall_message(replica))
                 if now > env.now:  # catch up before sleeping or ending
@@ -214,9 +216,12 @@ class Simulation:
 
         Context grows by one token per sequence per iteration, so iteration i lasts
         ``a + b * (c0 + n * i)``. The run stops at the first boundary at or after ``cut``
-        (s): the next arrival, when it may be admitted there, or a measurement window's edge.
+        (s): the next arrival, when it may be admitted there, or a measurement window's edge,
+        and where the cost model's affine segment ends (``decode_segment``; a profiled cost
+        model is piecewise affine in the context): the next run starts there.
         """
-        a, b = cost.decode_coefficients(n)
+        a, b, span = cost.decode_segment(n, c0 + n)
+        extra = min(extra, span)
         run = RunWeights(extra, a + b * (c0 + n), b * n)
         if cut == INF:
             return run

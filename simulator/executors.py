@@ -21,6 +21,11 @@ its next run from the last result) can keep submitting while results come back:
   come back to the driver, which records them. If a worker process dies (killed, out of
   memory), the pool is rebuilt and the runs it held are run again one at a time: the one
   that kills its worker again is recorded as failed, the others complete.
+  Workers exit when the sweep's process dies, however it dies (``SIGKILL`` included):
+  each runs a watchdog thread that polls the driver's process (and, on Linux, asks the
+  kernel for ``SIGKILL`` when its own parent, the fork server, goes). Without it a pool
+  worker blocks forever on its task queue, and keeps the fork server and the resource
+  tracker alive with it.
 * :class:`RayExecutor`: one Ray task per run (``num_cpus=1``), gathered with ``ray.wait``.
   It joins the cluster at ``address`` or starts a local Ray with ``num_cpus``. Tasks return
   the run's tables and the driver writes them, so workers on other machines need no
@@ -33,7 +38,11 @@ from __future__ import annotations
 import copy
 import multiprocessing as mp
 import os
+import signal
 import socket
+import sys
+import threading
+import time
 import traceback
 from collections import deque
 from collections.abc import Callable
@@ -137,6 +146,62 @@ class InProcessExecutor:
         self.close(cancel=exc[0] is not None)
 
 
+WATCHDOG_POLL_S = 0.5  # seconds between a pool worker's checks that the driver is alive
+
+
+def _process_gone(pid: int) -> bool:
+    """True when ``pid`` no longer runs: no such process, or a zombie (dead, not yet reaped:
+    ``kill(pid, 0)`` still succeeds on one, so Linux's /proc state is read too)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # exists, owned by someone else
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False  # no /proc (macOS): kill(pid, 0) is all there is
+    return stat.rsplit(")", 1)[-1].split()[0] in ("Z", "X")
+
+
+def _die_with_parent_signal() -> None:
+    """Linux: have the kernel send SIGKILL to this process when its parent exits
+    (``prctl(PR_SET_PDEATHSIG)``); elsewhere nothing (the watchdog thread covers it)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def exit_with_driver(driver_pid: int, poll_s: float = WATCHDOG_POLL_S) -> None:
+    """Pool-worker initializer: exit as soon as the sweep's process ``driver_pid`` is gone.
+
+    A daemon thread polls the driver every ``poll_s`` seconds and, once it is gone (or this
+    worker was handed to another parent: the fork server died), ends the process with
+    ``os._exit`` even while a simulation runs in the main thread. Never raises: a failing
+    initializer would break the pool.
+    """
+    parent = os.getppid()
+    if parent != driver_pid:
+        # Forked by the fork server (single-threaded: the signal cannot fire because some
+        # thread of a live parent ended, as it could for a worker the driver started itself).
+        _die_with_parent_signal()
+
+    def watch() -> None:
+        while True:
+            time.sleep(poll_s)
+            if os.getppid() != parent or _process_gone(driver_pid):
+                os._exit(1)
+
+    threading.Thread(target=watch, name="kvsim-driver-watchdog", daemon=True).start()
+
+
 def _pool_context():
     """``forkserver`` where available: workers fork from a clean server that has already
     imported the simulator (fast start, no inherited threads); else ``spawn``. The main
@@ -184,7 +249,12 @@ class LocalExecutor:
 
     def _start(self, job: RunJob) -> None:
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(self.workers, mp_context=self._ctx)
+            self._pool = ProcessPoolExecutor(
+                self.workers,
+                mp_context=self._ctx,
+                initializer=exit_with_driver,
+                initargs=(os.getpid(),),
+            )
         self._futures[self._pool.submit(self.fn, job)] = job
 
     def _fill(self) -> None:
@@ -365,5 +435,6 @@ __all__ = [
     "RunJob",
     "RunOutcome",
     "execute_run",
+    "exit_with_driver",
     "make_executor",
 ]

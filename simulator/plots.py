@@ -329,6 +329,22 @@ def plot_block_size_sweep(
     return _paths(path, formats)
 
 
+PREEMPTION_TIME_COLUMNS = ("swap_time_s", "recompute_time_s")
+
+
+def preemption_time_s(df: pd.DataFrame, name: str = "") -> np.ndarray:
+    """Seconds spent on preemption per row: ``swap_time_s + recompute_time_s`` (a missing one
+    of the two counts 0). A table with neither column is an error, not a line of zeros: a
+    flat line at 0 would read as "preemption cost nothing"."""
+    present = [c for c in PREEMPTION_TIME_COLUMNS if c in df]
+    if not present:
+        raise ValueError(
+            f"{name or 'table'}: no {' or '.join(PREEMPTION_TIME_COLUMNS)} column to plot "
+            f"(columns: {', '.join(map(str, df.columns))})"
+        )
+    return sum(np.nan_to_num(df[c].to_numpy(float)) for c in present)
+
+
 def plot_swap_vs_recompute(
     curves: Mapping[str, pd.DataFrame],
     path: Path,
@@ -344,9 +360,11 @@ def plot_swap_vs_recompute(
     (or a system) to a summary table; with ``x_col`` (e.g. the block size) each is a line
     against it, else each is a bar.
     """
+    names = list(curves)
+    for n in names:  # each table must say what preemption cost (no silent zeros)
+        preemption_time_s(curves[n], n)
     with plt.rc_context(STYLE):
         fig, (ax_l, ax_r) = plt.subplots(1, 2, figsize=(11, 4))
-        names = list(curves)
         if x_col is None:
             lat = [float(curves[n]["normalized_latency_s_per_token"].mean()) for n in names]
             swap = [float(curves[n].get("swap_time_s", pd.Series([0.0])).mean()) for n in names]
@@ -381,8 +399,7 @@ def plot_swap_vs_recompute(
                     color=c,
                     label=n,
                 )
-                overhead = df.get("swap_time_s", 0.0) + df.get("recompute_time_s", 0.0)
-                ax_r.plot(x, np.asarray(overhead, float), marker=m, ms=4, lw=1.8, color=c, label=n)
+                ax_r.plot(x, preemption_time_s(df, n), marker=m, ms=4, lw=1.8, color=c, label=n)
             for ax in (ax_l, ax_r):
                 if x_col.endswith("block_size"):
                     ax.set_xscale("log", base=2)
@@ -399,3 +416,65 @@ def plot_swap_vs_recompute(
         fig.tight_layout()
         _save(fig, path, formats)
     return _paths(path, formats)
+
+
+def plot_memory_saving(
+    curves: Mapping[str, pd.DataFrame],
+    path: Path,
+    x_col: str,
+    x_label: str,
+    paper_range: tuple[float, float] | None = None,
+    title: str = "Memory saving from sharing",
+    formats: Sequence[str] = ("png", "svg"),
+) -> list[Path]:
+    """``memory_saving_perc`` (% of the blocks a run would hold without sharing) against the
+    number of samples or beams, one line per system, with the paper's range shaded (the
+    vLLM paper's Fig. 15)."""
+    with plt.rc_context(STYLE):
+        fig, ax = plt.subplots(figsize=(6.5, 4))
+        ticks: set[float] = set()
+        for i, (name, df) in enumerate(curves.items()):
+            df = df.sort_values(x_col)
+            x = df[x_col].to_numpy(float)
+            ticks.update(x.tolist())
+            _system_line(ax, x, df["memory_saving_perc"].to_numpy(float), i, name)
+        if paper_range is not None:
+            ax.axhspan(*paper_range, color="0.85", zorder=0, label="paper's range")
+        ax.set_xticks(sorted(ticks))
+        ax.set_xlabel(x_label)
+        ax.set_ylabel("memory saving (% of blocks without sharing)")
+        ax.set_ylim(bottom=0)
+        ax.set_title(title)
+        ax.legend(loc="best")
+        _save(fig, path, formats)
+    return _paths(path, formats)
+
+
+def plot_swap_microbenchmark(
+    micro: pd.DataFrame,
+    path: Path,
+    title: str = "Moving a sequence's KV: swap vs recompute",
+    formats: Sequence[str] = ("png", "svg"),
+) -> list[Path]:
+    """Milliseconds to swap a sequence's KV out and back in, and to recompute it, against the
+    block size (log2 axis): the vLLM paper's Fig. 19a. ``micro`` has ``block_size``,
+    ``swap_out_and_in_ms`` and ``recompute_ms`` columns."""
+    with plt.rc_context(STYLE):
+        fig, ax = plt.subplots(figsize=(6.5, 4))
+        x = micro["block_size"].to_numpy(float)
+        for i, (col, name) in enumerate(
+            (("swap_out_and_in_ms", "swap out + in"), ("recompute_ms", "recompute"))
+        ):
+            _system_line(ax, x, micro[col].to_numpy(float), i, name)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(x)
+        ax.set_xticklabels([f"{v:g}" for v in x])
+        ax.minorticks_off()
+        ax.set_xlabel("block size (tokens)")
+        ax.set_ylabel("time (ms)")
+        ax.set_ylim(bottom=0)
+        ax.set_title(title)
+        ax.legend(loc="best")
+        _save(fig, path, formats)
+    return _paths(path, formats)
+

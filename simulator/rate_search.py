@@ -14,13 +14,19 @@ of a :class:`SustainabilityCriterion` holds for the run at that rate:
 
 A run that completes no request is not sustainable.
 
-Latency is assumed to grow with the rate (monotone), so the search is a bisection over
-``[lo, hi]`` (requests/s, or a rate multiplier for traces): evaluate both ends, then the
-midpoint of the bracket (last sustainable rate, first unsustainable rate) until it is at most
-``tolerance`` wide. The answer is the bracket's low end: a rate that was *run* and met the
-bound, never an interpolation. With a generator workload and a fixed seed, the runs at
-different rates see the same requests arriving at proportionally scaled times (common
-random numbers), which keeps the measured curve monotone in practice.
+Latency is assumed to grow with the rate (monotone), so the search is a bisection: evaluate
+both ends of ``[lo, hi]`` (requests/s, or a rate multiplier for traces), then the midpoint of
+the bracket (last sustainable rate, first unsustainable rate) until the bracket is narrower
+than the precision asked for: by default 2% of the rate found (``rel_tolerance``), so a
+system that sustains 0.3 req/s is placed as precisely as one that sustains 30; an absolute
+``tolerance`` (same unit as the rate) can be asked for instead or as well. When the answer
+lies outside ``[lo, hi]`` (``lo`` already fails, or ``hi`` still passes), the range is
+widened by ``widen_factor`` on that side, up to ``max_widenings`` times; only then is the
+result reported as a bound (``below_lo``/``above_hi``), never as a rate. The answer is the
+bracket's low end: a rate that was *run* and met the bound, never an interpolation, and
+the bracket goes with it wherever it is reported. With a generator workload and a fixed
+seed, the runs at different rates see the same requests arriving at proportionally scaled
+times (common random numbers), which keeps the measured curve monotone in practice.
 
 :class:`RateBisection` is the search as a state machine (what to run next, what came back),
 so that a sweep can run the searches of many systems at once on a process pool or Ray;
@@ -35,7 +41,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 DEFAULT_MAX_NORMALIZED_LATENCY = 0.1  # s/token; see the module docstring
-DEFAULT_STEPS = 5  # bisection steps when no tolerance is given: tolerance = (hi - lo) / 2**5
+DEFAULT_REL_TOLERANCE = 0.02  # bracket width / rate found, when no tolerance is given
+DEFAULT_WIDEN_FACTOR = 4.0  # a range end that does not bracket the answer moves this far out
+DEFAULT_MAX_WIDENINGS = 4  # ...at most this many times (4**4 = 256x the range)
 
 
 @dataclass(frozen=True)
@@ -96,17 +104,24 @@ class RatePoint:
 class RateSearchResult:
     """The outcome of a search.
 
-    ``status``: ``ok`` (the knee lies in ``[lo, hi]``), ``below_lo`` (even ``lo`` is not
-    sustainable: ``rate`` is None - lower ``lo``), ``above_hi`` (``hi`` is sustainable:
-    ``rate`` is ``hi``, a lower bound - raise ``hi``).
+    ``status``: ``ok`` (a sustainable and an unsustainable rate bracket the knee to the
+    precision asked for), ``below_lo`` (even the lowest rate tried, after widening, is not
+    sustainable: ``rate`` is None), ``above_hi`` (the highest rate tried, after widening, is
+    sustainable: ``rate`` is that rate, a *lower bound*).
     ``bracket``: (highest sustainable rate run, lowest unsustainable rate run); either
-    side is None when no such run exists.
+    side is None when no such run exists. ``widened``: how many times the range was widened.
     """
 
     rate: float | None
     status: Literal["ok", "below_lo", "above_hi"]
     bracket: tuple[float | None, float | None]
     points: tuple[RatePoint, ...]
+    widened: int = 0
+
+    @property
+    def is_bound(self) -> bool:
+        """True when ``rate`` is not a bracketed answer (a ratio built on it is a bound too)."""
+        return self.status != "ok"
 
 
 def _round_rate(x: float) -> float:
@@ -119,14 +134,22 @@ class RateBisection:
     """Bisection on the rate as a state machine.
 
     Call :meth:`wanted` for the rates to run now (both ends first, so they can run in
-    parallel; then one midpoint at a time), :meth:`record` each outcome, until
+    parallel; then one widening or midpoint at a time), :meth:`record` each outcome, until
     :attr:`done`; then read :meth:`result`.
+
+    Precision: the search stops when the bracket's width is at most ``tolerance`` (absolute,
+    the rate's unit) and at most ``rel_tolerance`` times its low end - each only if given;
+    with neither, ``rel_tolerance`` is :data:`DEFAULT_REL_TOLERANCE`.
     """
 
     lo: float
     hi: float
-    tolerance: float | None = None  # same unit as the rate; default (hi - lo) / 2**DEFAULT_STEPS
+    tolerance: float | None = None  # absolute bracket width (rate unit)
+    rel_tolerance: float | None = None  # bracket width / rate found
+    widen_factor: float = DEFAULT_WIDEN_FACTOR
+    max_widenings: int = DEFAULT_MAX_WIDENINGS
     points: dict[float, bool] = field(default_factory=dict)
+    _widenings: set[float] = field(default_factory=set, repr=False)  # rates run to widen
 
     def __post_init__(self) -> None:
         for name in ("lo", "hi"):
@@ -135,10 +158,18 @@ class RateBisection:
                 raise ValueError(f"{name} must be a rate > 0 (got {v!r})")
         if not self.lo < self.hi:
             raise ValueError(f"lo ({self.lo}) must be below hi ({self.hi})")
-        if self.tolerance is None:
-            self.tolerance = (self.hi - self.lo) / 2**DEFAULT_STEPS
-        if not (math.isfinite(self.tolerance) and self.tolerance > 0):
-            raise ValueError(f"tolerance must be > 0 (got {self.tolerance!r})")
+        if self.tolerance is None and self.rel_tolerance is None:
+            self.rel_tolerance = DEFAULT_REL_TOLERANCE
+        for name in ("tolerance", "rel_tolerance"):
+            v = getattr(self, name)
+            if v is not None and not (
+                isinstance(v, (int, float)) and math.isfinite(v) and v > 0
+            ):
+                raise ValueError(f"{name} must be > 0 (got {v!r})")
+        if not (isinstance(self.widen_factor, (int, float)) and self.widen_factor > 1):
+            raise ValueError(f"widen_factor must be > 1 (got {self.widen_factor!r})")
+        if not (isinstance(self.max_widenings, int) and self.max_widenings >= 0):
+            raise ValueError(f"max_widenings must be an integer >= 0 (got {self.max_widenings!r})")
         self.lo, self.hi = float(self.lo), float(self.hi)
 
     def _bracket(self) -> tuple[float | None, float | None]:
@@ -147,13 +178,42 @@ class RateBisection:
         return (max(ok) if ok else None), (min(bad) if bad else None)
 
     @property
-    def done(self) -> bool:
-        if self.lo not in self.points or self.hi not in self.points:
+    def widened(self) -> int:
+        """How many times the range was widened (widening rates that were run)."""
+        return len(self._widenings & self.points.keys())
+
+    def _widen(self, rate: float) -> list[float]:
+        if self.widened >= self.max_widenings:
+            return []
+        self._widenings.add(rate)
+        return [rate]
+
+    def _narrow_enough(self, good: float, bad: float) -> bool:
+        width = bad - good
+        if self.tolerance is not None and width > self.tolerance:
             return False
-        if not self.points[self.lo] or self.points[self.hi]:
-            return True
+        if self.rel_tolerance is not None and width > self.rel_tolerance * good:
+            return False
+        return True
+
+    def _next(self) -> list[float]:
+        """The rates the search needs now; [] when it is finished."""
+        ends = [r for r in (self.lo, self.hi) if r not in self.points]
+        if ends:
+            return ends
         good, bad = self._bracket()
-        return bad - good <= self.tolerance or self._midpoint(good, bad) in (good, bad)
+        if good is None:  # even the lowest rate failed: widen downwards
+            return self._widen(_round_rate(min(self.points) / self.widen_factor))
+        if bad is None:  # even the highest rate passed: widen upwards
+            return self._widen(_round_rate(max(self.points) * self.widen_factor))
+        if bad <= good or self._narrow_enough(good, bad):
+            return []
+        mid = self._midpoint(good, bad)
+        return [] if mid in (good, bad) else [mid]
+
+    @property
+    def done(self) -> bool:
+        return not self._next()
 
     @staticmethod
     def _midpoint(good: float, bad: float) -> float:
@@ -161,13 +221,7 @@ class RateBisection:
 
     def wanted(self) -> list[float]:
         """Rates whose outcome the search needs next (none when done)."""
-        ends = [r for r in (self.lo, self.hi) if r not in self.points]
-        if ends:
-            return ends
-        if self.done:
-            return []
-        good, bad = self._bracket()
-        return [self._midpoint(good, bad)]
+        return self._next()
 
     def remaining_estimate(self) -> int:
         """Rates still to evaluate if the knee lies inside the range (for progress bars)."""
@@ -175,8 +229,14 @@ class RateBisection:
             return 0
         ends = sum(r not in self.points for r in (self.lo, self.hi))
         good, bad = self._bracket()
-        width = (bad - good) if ends == 0 else (self.hi - self.lo)
-        return ends + max(0, math.ceil(math.log2(width / self.tolerance)))
+        if ends or good is None or bad is None:
+            good, bad = self.lo, self.hi
+        target = min(
+            t
+            for t in (self.tolerance, (self.rel_tolerance or 0) * good or None)
+            if t is not None
+        )
+        return ends + max(0, math.ceil(math.log2(max(bad - good, target) / target)))
 
     def record(self, rate: float, sustainable: bool) -> None:
         self.points[float(rate)] = bool(sustainable)
@@ -186,19 +246,24 @@ class RateBisection:
             raise RuntimeError("the search is not finished; run the rates wanted() returns")
         pts = tuple(RatePoint(r, s) for r, s in sorted(self.points.items()))
         good, bad = self._bracket()
-        if not self.points[self.lo]:
-            return RateSearchResult(None, "below_lo", (good, bad), pts)
-        if self.points[self.hi]:
-            return RateSearchResult(self.hi, "above_hi", (good, bad), pts)
-        return RateSearchResult(good, "ok", (good, bad), pts)
+        if good is None:
+            return RateSearchResult(None, "below_lo", (good, bad), pts, self.widened)
+        if bad is None:
+            return RateSearchResult(good, "above_hi", (good, bad), pts, self.widened)
+        return RateSearchResult(good, "ok", (good, bad), pts, self.widened)
 
 
 def find_sustainable_rate(
-    is_sustainable: Callable[[float], bool], lo: float, hi: float, tolerance: float | None = None
+    is_sustainable: Callable[[float], bool],
+    lo: float,
+    hi: float,
+    tolerance: float | None = None,
+    rel_tolerance: float | None = None,
+    max_widenings: int = DEFAULT_MAX_WIDENINGS,
 ) -> RateSearchResult:
-    """The highest rate in ``[lo, hi]`` (to ``tolerance``) for which ``is_sustainable`` holds,
-    assuming it holds below some rate and fails above it."""
-    search = RateBisection(lo, hi, tolerance)
+    """The highest rate (to the precision asked for) for which ``is_sustainable`` holds,
+    assuming it holds below some rate and fails above it; the range widens if needed."""
+    search = RateBisection(lo, hi, tolerance, rel_tolerance, max_widenings=max_widenings)
     while not search.done:
         for rate in search.wanted():
             search.record(rate, is_sustainable(rate))
@@ -218,16 +283,23 @@ class RateSearchSpec:
     hi: float
     tolerance: float | None = None
     criterion: SustainabilityCriterion = SustainabilityCriterion()
+    rel_tolerance: float | None = None
+    max_widenings: int = DEFAULT_MAX_WIDENINGS
 
     def bisection(self) -> RateBisection:
-        return RateBisection(self.lo, self.hi, self.tolerance)
+        return RateBisection(
+            self.lo, self.hi, self.tolerance, self.rel_tolerance, max_widenings=self.max_widenings
+        )
 
     def as_dict(self) -> dict:
+        search = self.bisection()
         return {
             "key": self.key,
             "lo": self.lo,
             "hi": self.hi,
-            "tolerance": self.bisection().tolerance,
+            "tolerance": search.tolerance,
+            "rel_tolerance": search.rel_tolerance,
+            "max_widenings": search.max_widenings,
             "max_normalized_latency": self.criterion.max_normalized_latency,
             "max_p99_ttft_ms": self.criterion.max_p99_ttft_ms,
             "max_p99_tpot_ms": self.criterion.max_p99_tpot_ms,
@@ -236,6 +308,8 @@ class RateSearchSpec:
 
 __all__ = [
     "DEFAULT_MAX_NORMALIZED_LATENCY",
+    "DEFAULT_MAX_WIDENINGS",
+    "DEFAULT_REL_TOLERANCE",
     "RateBisection",
     "RatePoint",
     "RateSearchResult",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -13,7 +13,7 @@ from policies.contiguous_allocator import ContiguousAllocator, contiguous_preset
 from policies.kv_allocator import KVAllocator
 from policies.paged_allocator import PagedAllocator
 from simulator.capacity import swap_slots
-from simulator.config import ExperimentConfig
+from simulator.config import ConfigError, ExperimentConfig
 from simulator.cost_model.base import CostModel
 from simulator.cost_model.roofline import RooflineCostModel, RooflineParams
 from simulator.engine import Simulation
@@ -26,13 +26,18 @@ from traces import Request
 
 @dataclass
 class RunResult:
-    """A finished run: its config, summary (dict), per-request and per-step tables."""
+    """A finished run: its config, summary (dict), per-request and per-step tables.
+
+    ``warnings``: one line each, for a run that is legitimate but degenerate (no request
+    completed, an empty workload): the CLI prints them, and ``--strict`` makes them fail.
+    """
 
     config: ExperimentConfig
     summary: dict
     requests: pd.DataFrame
     steps: pd.DataFrame
     wall_s: float
+    warnings: list[str] = field(default_factory=list)
 
 
 def allocator_settings(cfg: ExperimentConfig) -> tuple[str, str, bool]:
@@ -67,6 +72,12 @@ def make_cost_factory(cfg: ExperimentConfig, base_dir: Path) -> Callable[[], Cos
         params = RooflineParams(step_overhead_s=c.step_overhead_s)
         return lambda: CalibratedCostModel(profile, cfg.model.spec, hw.spec, hw.tensor_parallel, block, kernel,
                                            pcie=hw.pcie, swap_batched=c.swap_batched, params=params)
+    if c.kind == "profiled":
+        from simulator.cost_model.profiled import profiled_cost_factory
+
+        overhead = c.step_overhead_s if "step_overhead_s" in c.model_fields_set else 0.0  # the GPU's work only
+        return profiled_cost_factory(c.profile, base_dir, cfg.model.spec, hw.spec, hw.tensor_parallel, block,
+                                     kernel, pcie=hw.pcie, swap_batched=c.swap_batched, step_overhead_s=overhead)
     params = RooflineParams(compute_efficiency=c.compute_efficiency, memory_efficiency=c.memory_efficiency,
                             step_overhead_s=c.step_overhead_s, swap_batched=c.swap_batched)
     return lambda: RooflineCostModel(cfg.model.spec, hw.spec, hw.tensor_parallel, block, kernel, params, hw.pcie)
@@ -101,9 +112,57 @@ def allocator_stats(allocators: list[KVAllocator], kv_bytes_per_token: int, summ
     }
 
 
+def expected_requests(cfg: ExperimentConfig) -> int | None:
+    """How many requests the workload will hold, when the config says (for a progress bar)."""
+    w = cfg.workload
+    counts = [n for n in (w.num_requests, w.window.num_requests if w.window else None) if n is not None]
+    return min(counts) if counts and w.duration_s is None else None
+
+
+def expected_duration_s(cfg: ExperimentConfig) -> float | None:
+    """Simulated seconds the arrivals span, when the config says (a progress bar's total)."""
+    w = cfg.workload
+    spans = [d for d in (w.duration_s, w.window.duration_s if w.window else None) if d is not None]
+    return min(spans) if spans else None
+
+
+def run_warnings(cfg: ExperimentConfig, summary: dict, requests: pd.DataFrame) -> list[str]:
+    """Lines for a run whose numbers mean little although nothing failed."""
+    out = []
+    n = len(requests)
+    if n == 0:
+        out.append(f"{cfg.name}: the workload holds no request (check workload.window and the trace)")
+    elif not summary.get("completed"):
+        parts = [f"{int(summary.get(k) or 0)} {k}" for k in ("rejected", "aborted") if summary.get(k)]
+        reasons = requests["reason"].dropna() if "reason" in requests else pd.Series(dtype=object)
+        reasons = reasons[reasons.astype(str) != ""]
+        why = f"; first reason: {reasons.iloc[0]}" if len(reasons) else ""
+        out.append(f"{cfg.name}: no request completed ({', '.join(parts) or 'none finished'} of {n}){why}")
+    if cfg.metrics.measurement_window == "saturated" and summary.get("busy_time_s") and \
+            not summary.get("measured_time_s"):
+        out.append(f"{cfg.name}: metrics.window 'saturated' is empty (no step had a request waiting): the memory "
+                   "classes and mean batch are over no time and read 0; use window: busy")
+    return out
+
+
+def check_window(cfg: ExperimentConfig, totals, end_s: float) -> None:
+    """An explicit measurement window that holds no engine step would make every memory
+    metric 0: that is a wrong setting (after the end of the run, or between its steps)."""
+    window = cfg.metrics.measurement_window
+    if isinstance(window, tuple) and totals.busy_s > 0 and totals.measured_s <= 0:
+        start, end = window
+        raise ConfigError(
+            f"metrics: window [{start or 0:g}, {'end' if end is None else format(end, 'g')}] s holds no engine step "
+            f"(the run ends at {end_s:.6g} s of simulated time): every memory metric would be 0; "
+            "move metrics.window_start_s / window_end_s inside the run")
+
+
 def run_experiment(cfg: ExperimentConfig, base_dir: Path = Path("."),
-                   requests: Iterable[Request] | None = None) -> RunResult:
-    """Simulate ``cfg`` (its workload, unless ``requests`` are given) and summarize."""
+                   requests: Iterable[Request] | None = None, progress=None) -> RunResult:
+    """Simulate ``cfg`` (its workload, unless ``requests`` are given) and summarize.
+
+    ``progress``: a :class:`simulator.run_progress.RunProgress` to show how far the run is.
+    """
     t0 = time.perf_counter()
     if requests is None:
         requests = build_requests(cfg.workload, base_dir=base_dir, seed=cfg.seed, max_seq_len=cfg.model.context_len)
@@ -111,16 +170,23 @@ def run_experiment(cfg: ExperimentConfig, base_dir: Path = Path("."),
                      scheduler_settings(cfg), cfg.hardware.num_replicas, cfg.scheduler.router,
                      macro_steps=cfg.scheduler.macro_steps, overlap_swap=cfg.preemption.overlap_swap,
                      keep_steps=cfg.metrics.step_table, window=cfg.metrics.measurement_window)
+    if progress is not None:
+        progress.watch(sim)
     sim.run()
+    totals = sim.steps.totals()
+    check_window(cfg, totals, sim.env.now)
     req_df = sim.request_rows.frame()
     steps = sim.steps.frame()  # empty when metrics.step_table is off
     itl = LatencyHistogram()
     for r in sim.replicas:
         itl.merge(r.scheduler.itl)
     capacity = sim.replicas[0].scheduler.alloc.capacity
-    summary = summarize(req_df, sim.steps.totals(), itl, capacity, cfg.metrics.slo_ttft_ms, cfg.metrics.slo_tpot_ms)
+    summary = summarize(req_df, totals, itl, capacity, cfg.metrics.slo_ttft_ms, cfg.metrics.slo_tpot_ms)
     summary["kv_capacity_slots"] = capacity
+    summary["kv_num_gpu_blocks"] = capacity // cfg.allocator.block_size  # per replica, as vLLM logs it
+    if cfg.cost_model.kind == "profiled":  # step-time lookups outside the profile's measured grid
+        summary["cost_out_of_grid_lookups"] = sum(sum(r.cost.out_of_grid.values()) for r in sim.replicas)
     summary.update(allocator_stats([r.scheduler.alloc for r in sim.replicas], cfg.model.spec.kv_bytes_per_token,
                                    summary))
     wall = time.perf_counter() - t0
-    return RunResult(cfg, summary, req_df, steps, wall)
+    return RunResult(cfg, summary, req_df, steps, wall, run_warnings(cfg, summary, req_df))

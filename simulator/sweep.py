@@ -18,7 +18,10 @@ A sweep file (YAML)::
       key: workload.arrivals.rate     # default; workload.rate_scale for a trace workload
       lo: 0.5                         # requests/s (or multiplier), must be sustainable
       hi: 16                          # must not be
-      tolerance: 0.25                 # default (hi - lo) / 32
+      rel_tolerance: 0.02             # default: bracket width <= 2% of the rate found
+      tolerance: null                 # or/and an absolute bracket width (requests/s)
+      max_widenings: 4                # default; lo / 4 or hi * 4 per widening when the
+                                      # answer lies outside [lo, hi]
       max_normalized_latency: 0.1     # s/token (default 0.1); and/or:
       max_p99_ttft_ms: null           # p99 TTFT bound (ms)
       max_p99_tpot_ms: null           # p99 TPOT bound (ms)
@@ -45,20 +48,33 @@ Results, under ``<output_dir>/<name>/``:
 * ``sweep.parquet`` and ``sweep.csv``: one row per run, in run order (grid order; for rate
   searches, by point then rate), whatever the executor: ``run``, ``run_id``, ``system``,
   ``status`` (ok / failed / pending), ``error``, each varied parameter (dotted key), then
-  every summary metric and ``wall_s``.
+  every summary metric (wall-clock time stays in each run's ``run_info.json``).
 * ``rates.parquet`` and ``rates.csv`` (rate searches): a row per point: ``sustainable_rate``,
-  ``search_status`` (ok, below_lo, above_hi, failed, pending), the final bracket and the
-  number of rates evaluated.
+  ``search_status`` (ok, below_lo, above_hi, failed, pending), the final bracket, how many
+  times the range was widened and the number of rates evaluated. A sweep without a search
+  removes the ``rates.*`` an earlier search into the same folder left.
 * ``sweep.json``: the sweep's axes and settings (what ``kvsim plot`` reads).
+
+A config swept from the command line (no sweep file) goes to
+``<config name>-sweep-<what was swept>-<hash of the axes>`` (e.g.
+``quickstart-sweep-grid-block_size-1a2b3c4d``), so a ``--grid``, a ``--zip`` and a
+``--find-rate`` of one config each keep their own table.
+
+Concurrent sweeps into one folder share the work: a run is simulated only by the sweep
+holding its lock (:mod:`simulator.run_lock`); the others wait for its folder and reuse it.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import itertools
 import json
 import math
 import os
+import re
+import time
+import uuid
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -76,8 +92,14 @@ from simulator.config import (
     validate_config,
 )
 from simulator.executors import Executor, RunFn, RunJob, RunOutcome, execute_run, make_executor
-from simulator.rate_search import RateBisection, RateSearchSpec, SustainabilityCriterion
+from simulator.rate_search import (
+    DEFAULT_MAX_WIDENINGS,
+    RateBisection,
+    RateSearchSpec,
+    SustainabilityCriterion,
+)
 from simulator.results import atomic_dir, config_hash, write_run
+from simulator.run_lock import RunLock
 
 SWEEP_KEYS = (
     "name",
@@ -95,6 +117,8 @@ FIND_RATE_KEYS = (
     "lo",
     "hi",
     "tolerance",
+    "rel_tolerance",
+    "max_widenings",
     "max_normalized_latency",
     "max_p99_ttft_ms",
     "max_p99_tpot_ms",
@@ -102,6 +126,7 @@ FIND_RATE_KEYS = (
 LABEL = "label"  # the axis that names systems; not a config key
 RATE_KEY_GENERATED = "workload.arrivals.rate"
 RATE_KEY_TRACE = "workload.rate_scale"
+FOREIGN_POLL_S = 0.2  # s between checks on runs another sweep into the same folder holds
 
 
 class SweepError(ValueError):
@@ -203,7 +228,13 @@ def _parse_find_rate(raw: dict, where, base: dict, set_keys: Iterable[str]) -> R
         bounds.pop("max_normalized_latency")  # keep the default
     try:
         spec = RateSearchSpec(
-            key, raw["lo"], raw["hi"], raw.get("tolerance"), SustainabilityCriterion(**bounds)
+            key,
+            raw["lo"],
+            raw["hi"],
+            raw.get("tolerance"),
+            SustainabilityCriterion(**bounds),
+            raw.get("rel_tolerance"),
+            raw.get("max_widenings", DEFAULT_MAX_WIDENINGS),
         )
         spec.bisection()  # validates lo, hi, tolerance
     except (TypeError, ValueError) as e:
@@ -340,6 +371,10 @@ def load_sweep(
                 f"{where(('find_rate',))}: find_rate searches {rate_spec.key}; "
                 "remove it from set, grid and zip"
             )
+    if not is_sweep_file:  # one config, many kinds of sweep: a folder per kind of sweep
+        sweep_name = _command_line_sweep_name(
+            str(raw.get("name") or path.stem), set_values, grid_axes, zipped, rate_spec
+        )
     out = (
         output_dir
         or (raw.get("output_dir") if is_sweep_file else None)
@@ -360,6 +395,31 @@ def load_sweep(
         find_rate=rate_spec,
         where=where_map,
     )
+
+
+def _command_line_sweep_name(
+    base: str, set_values: dict, grid: dict, zipped: dict, rate: RateSearchSpec | None
+) -> str:
+    """``<config>-sweep-<what was swept>-<hash of the axes>`` for a config swept from the
+    command line: a ``--grid``, a ``--zip`` and a ``--find-rate`` of one config (or two grids
+    with different values) each get their own folder and table, instead of replacing the
+    previous sweep's ``sweep.csv`` and leaving its ``rates.csv`` behind. The same command
+    gives the same folder, so a sweep started again still resumes."""
+    kinds = []
+    for kind, axes in (("grid", grid), ("zip", zipped)):
+        if axes:
+            kinds.append(kind + "-" + "-".join(k.rsplit(".", 1)[-1] for k in axes))
+    if rate is not None:
+        kinds.append("rate")
+    what = {
+        "set": set_values,
+        "grid": {k: list(v) for k, v in grid.items()},
+        "zip": {k: list(v) for k, v in zipped.items()},
+        "find_rate": rate.as_dict() if rate else None,
+    }
+    digest = hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", "-".join([base, "sweep", *kinds]))
+    return f"{slug[:110]}-{digest[:8]}"
 
 
 # --- grid points ---------------------------------------------------------------------------
@@ -540,8 +600,15 @@ def _uniform_columns(df: pd.DataFrame, columns: Iterable[str]) -> pd.DataFrame:
     return df
 
 
+def _tmp_name(path: Path) -> Path:
+    """A temporary file next to ``path``, private to this process: two sweeps into one folder
+    write the same tables at the same time, and a shared temporary name would let one
+    rename the other's half-written file (or find it gone)."""
+    return path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+
+
 def _write_atomic(df: pd.DataFrame, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = _tmp_name(path)
     if path.suffix == ".parquet":
         df.to_parquet(tmp, index=False)
     else:
@@ -591,10 +658,14 @@ def build_table(spec: SweepSpec, rows: Sequence[TableRow]) -> pd.DataFrame:
 
 
 def write_tables(spec: SweepSpec, table: pd.DataFrame, rates: pd.DataFrame | None) -> list[Path]:
+    """Write ``sweep.*`` (and ``rates.*`` for a rate search); a ``rates.*`` left by an earlier
+    search into the same folder is removed, so every table there describes this sweep."""
     spec.dir.mkdir(parents=True, exist_ok=True)
     paths = []
     for stem, df in (("sweep", table), ("rates", rates)):
         if df is None:
+            for ext in ("parquet", "csv"):
+                (spec.dir / f"{stem}.{ext}").unlink(missing_ok=True)
             continue
         for ext in ("parquet", "csv"):
             path = spec.dir / f"{stem}.{ext}"
@@ -617,7 +688,7 @@ def write_metadata(spec: SweepSpec) -> Path:
     }
     spec.dir.mkdir(parents=True, exist_ok=True)
     path = spec.dir / "sweep.json"
-    tmp = path.with_name(".sweep.json.tmp")
+    tmp = _tmp_name(path)
     tmp.write_text(json.dumps(meta, indent=2, default=str))
     os.replace(tmp, path)
     return path
@@ -718,6 +789,9 @@ def run_sweep(
     waiting: dict[str, list[tuple[SweepPoint, float | None]]] = {}
     events: deque = deque()  # (point, rate, ok, summary) ready to hand to a search
     counts = {"executed": 0, "reused": 0, "submitted": 0, "failed": 0}
+    raws: dict[str, dict] = {}  # run_id -> raw config, for submitting it later
+    held: dict[str, RunLock] = {}  # runs this sweep simulates now (their locks)
+    foreign: dict[str, RunLock] = {}  # runs another sweep into this folder holds
     owned = isinstance(executor, str)
     ex: Executor | None = None if owned else executor
 
@@ -732,8 +806,53 @@ def run_sweep(
             return False, None
         return None
 
-    def request(point: SweepPoint, rate: float | None) -> None:
+    def submit(run_id: str, raw: dict) -> None:
         nonlocal ex
+        if ex is None:
+            try:
+                ex = make_executor(executor, run_fn, workers=workers, address=address)
+            except (ImportError, ValueError, ConnectionError) as e:
+                raise SweepError(f"executor {executor}: {e}") from None
+        ex.submit(RunJob(run_id, raw, base_dir, str(runs_dir / run_id), plot_runs))
+        counts["submitted"] += 1
+
+    def claim(run_id: str) -> bool:
+        """Take the run's lock, or leave the run to the sweep that holds it (see
+        :mod:`simulator.run_lock`); False when it turned out to be done meanwhile."""
+        lock = RunLock(runs_dir, run_id)
+        if not lock.try_acquire():
+            foreign[run_id] = lock
+            return True
+        known = stored(run_id)  # finished by another sweep before we took the lock?
+        if known is not None:
+            lock.release()
+            settle(run_id, *known, reused=True)
+            return False
+        held[run_id] = lock
+        submit(run_id, raws[run_id])
+        return True
+
+    def settle(run_id: str, ok: bool, summary: dict | None, reused: bool = False) -> None:
+        counts["reused"] += reused
+        finished[run_id] = (ok, summary)
+        for point, rate in waiting.pop(run_id, []):
+            events.append((point, rate, ok, summary))
+
+    def poll_foreign() -> None:
+        """Runs another sweep holds: done -> reuse; lock free but no result -> run them."""
+        for run_id in list(foreign):
+            if not foreign[run_id].try_acquire():
+                continue
+            lock = foreign.pop(run_id)
+            known = stored(run_id)
+            if known is not None:
+                lock.release()
+                settle(run_id, *known, reused=True)
+            else:  # the other sweep stopped (killed?) before finishing it
+                held[run_id] = lock
+                submit(run_id, raws[run_id])
+
+    def request(point: SweepPoint, rate: float | None) -> None:
         cfg, raw = resolve_raw(spec, point, rate)
         run_id = config_hash(cfg)
         rows[(point.index, rate)] = TableRow(point, rate, run_id)
@@ -746,13 +865,8 @@ def run_sweep(
             waiting[run_id].append((point, rate))
         else:
             waiting[run_id] = [(point, rate)]
-            if ex is None:
-                try:
-                    ex = make_executor(executor, run_fn, workers=workers, address=address)
-                except (ImportError, ValueError, ConnectionError) as e:
-                    raise SweepError(f"executor {executor}: {e}") from None
-            ex.submit(RunJob(run_id, raw, base_dir, str(runs_dir / run_id), plot_runs))
-            counts["submitted"] += 1
+            raws[run_id] = raw
+            claim(run_id)
 
     def deliver(point: SweepPoint, rate: float | None, ok: bool, summary: dict | None) -> None:
         search = searches.get(point.index)
@@ -768,7 +882,7 @@ def run_sweep(
 
     def expected_total() -> int:
         left = sum(s.remaining_estimate() for i, s in searches.items() if i not in search_failed)
-        return counts["submitted"] + left
+        return counts["submitted"] + len(foreign) + left
 
     try:
         with _Progress(progress, f"sweep {spec.name}") as bar:
@@ -781,16 +895,21 @@ def run_sweep(
             while True:
                 while events:
                     deliver(*events.popleft())
+                poll_foreign()
+                if events:
+                    continue
                 bar.update(expected_total(), counts["executed"], counts["failed"])
                 if ex is None or ex.pending() == 0:
-                    break
+                    if not foreign:
+                        break
+                    time.sleep(FOREIGN_POLL_S)  # only runs another sweep holds are left
+                    continue
                 job, outcome = ex.next_done()
                 _record(job, outcome)
+                held.pop(job.run_id).release()
                 counts["executed"] += 1
                 counts["failed"] += not outcome.ok
-                finished[job.run_id] = (outcome.ok, outcome.summary)
-                for point, rate in waiting.pop(job.run_id, []):
-                    events.append((point, rate, outcome.ok, outcome.summary))
+                settle(job.run_id, outcome.ok, outcome.summary)
     except BaseException:
         if owned and ex is not None:
             ex.close(cancel=True)
@@ -800,6 +919,8 @@ def run_sweep(
     finally:
         if owned and ex is not None:
             ex.close()
+        for lock in [*held.values(), *foreign.values()]:
+            lock.release()
     table, rates, paths = _finish(spec, points, rows, searches, search_failed)
     failed = int((table["status"] == "failed").sum())
     return SweepResult(spec.dir, table, rates, counts["executed"], counts["reused"], failed, paths)
@@ -847,6 +968,7 @@ def rate_table(
             "sustainable_rate": rate,
             "bracket_lo": bracket[0],
             "bracket_hi": bracket[1],
+            "widened": s.widened,
             "evaluations": len(s.points),
             "error": error,
             "criterion": spec.find_rate.criterion.describe(),

@@ -123,19 +123,34 @@ def run_trace_stats(args: argparse.Namespace) -> int:
 
 def run_trace_plot(args: argparse.Namespace) -> int:
     """``kvsim trace plot``: arrivals over time and length histograms, as a PNG."""
+    out = args.output
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             path, requests = read_requests(args)
-            out = args.output or Path(path.name).with_suffix(".png")
+            out = plot_output_path(args.output, path)
             plot_trace(requests, out, title=path.name)
     except (TraceError, FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # e.g. the output folder is not writable
+        print(f"error: {e.filename or out}: {e.strerror or e}", file=sys.stderr)
+        return 2
     for warning in caught:
         print(f"warning: {warning.message}", file=sys.stderr)
+    if not out.is_file():  # never claim a file that is not there
+        print(f"error: {out}: the plot was not written", file=sys.stderr)
+        return 2
     print(f"wrote {out}")
     return 0
+
+
+def plot_output_path(output: Path | None, trace: Path) -> Path:
+    """The file ``trace plot`` writes: ``-o`` as given (a name without an extension gets
+    ``.png``, as matplotlib would add silently), or the trace's name with ``.png``, here."""
+    if output is None:
+        return Path(trace.name).with_suffix(".png")
+    return output if output.suffix else output.with_name(output.name + ".png")
 
 
 _ROWS = (

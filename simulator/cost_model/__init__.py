@@ -1,4 +1,5 @@
-"""Step-time models: roofline (no GPU needed) and calibrated (from a GPU profile)."""
+"""Step-time models: roofline (no GPU needed), calibrated (from a GPU profile) and profiled
+(measured operator tables, ``profiled.py``; imported with ``kvsim calibrate --import``)."""
 
 from simulator.cost_model.base import BatchShape, CostModel, causal_attention_pairs
 from simulator.cost_model.catalogue import GPUS, MODELS, PCIE, GPUSpec, ModelSpec

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -55,6 +56,17 @@ class CostModel(ABC):
 
         Lets the engine sum a run of decode iterations in closed form.
         """
+
+    def decode_segment(self, num_seqs: int, context: int) -> tuple[float, float, int]:
+        """``(a, b, iterations)``: a decode-only step of ``num_seqs`` sequences holding
+        ``context`` tokens lasts ``a + b * context``, exactly, for this step and the next
+        ``iterations - 1`` (the context growing by ``num_seqs`` a step).
+
+        The engine advances a run of decode steps in closed form within one segment and
+        starts a new run at its end. Default: ``decode_coefficients``, valid forever.
+        """
+        a, b = self.decode_coefficients(num_seqs)
+        return a, b, sys.maxsize
 
     @abstractmethod
     def swap_time(self, num_blocks: int, num_slots: int | None = None) -> float:

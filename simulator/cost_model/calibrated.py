@@ -78,7 +78,7 @@ class CalibratedCostModel(CostModel):
         m, tp = model, tensor_parallel
         self._layers = m.num_layers
         self._gemms = layer_gemms(
-            m.hidden_size, m.num_heads, m.num_kv_heads, m.ffn_size, m.gated_ffn, tp
+            m.hidden_size, m.num_heads, m.num_kv_heads, m.ffn_size, m.gated_ffn, tp, m.head_dim
         )
         self._lm_head = lm_head_gemm(m.hidden_size, m.vocab_size, tp)
         self._dtype_bytes = m.dtype_bytes

@@ -7,7 +7,8 @@ memory_efficiency))`` seconds (Williams et al., "Roofline", CACM 2009). The part
 - prefill attention: ``4 * d_q * layers`` FLOPs per causal query-key pair (QK^T and PV);
 - decode attention: reads every context token's K and V once; a paged kernel pays a
   block-size-dependent overhead for its indirection (``paged_overhead``);
-- tensor-parallel all-reduce: two per layer over NVLink (ring: ``2 (tp-1)/tp`` of the bytes);
+- tensor-parallel all-reduce: two per layer over NVLink, or PCIe where the GPU has no NVLink
+  (ring: ``2 (tp-1)/tp`` of the bytes);
 - a fixed per-step overhead (scheduling, kernel launches, sampling).
 
 Tensor parallelism splits weights, heads and KV evenly over ``tp`` GPUs, which run
@@ -37,22 +38,26 @@ class RooflineParams:
     # kernel overhead (Kwon et al. 2023, Fig. 18a); tiny blocks pay for many small gathers.
     paged_overhead_base: float = 0.15
     paged_overhead_per_block: float = 1.3
-    allreduce_latency_s: float = 8e-6  # per all-reduce (NCCL small-message latency)
+    allreduce_latency_s: float = 8e-6  # per all-reduce over NVLink (NCCL small-message latency);
+    # over PCIe the GPU's own (GPUSpec.link_latency_s)
     step_overhead_s: float = 1e-3  # per iteration: scheduling, launches, sampling
     swap_batched: bool = False  # one transfer per layer (gathered) instead of per block
 
 
 def allreduce_coefficients(model: ModelSpec, gpu: GPUSpec, tensor_parallel: int,
-                           latency_s: float) -> tuple[float, float]:
-    """``(fixed_s, per_token_s)`` of a step's two ring all-reduces per layer over NVLink.
+                           latency_s: float | None = None) -> tuple[float, float]:
+    """``(fixed_s, per_token_s)`` of a step's two ring all-reduces per layer over the GPUs'
+    link (NVLink, else PCIe: ``GPUSpec.link_bandwidth``).
 
     Each moves ``tokens x hidden`` activations; a ring sends ``2 (tp-1)/tp`` of them.
+    ``latency_s`` per call over NVLink; PCIe links (and ``None``) use ``GPUSpec.link_latency_s``.
     """
     if tensor_parallel <= 1:
         return 0.0, 0.0
+    latency = latency_s if latency_s is not None and gpu.nvlink_bandwidth > 0 else gpu.link_latency_s
     ring = 2 * (tensor_parallel - 1) / tensor_parallel
-    per_token = 2 * model.num_layers * ring * model.hidden_size * model.dtype_bytes / gpu.nvlink_bandwidth
-    return 2 * model.num_layers * latency_s, per_token
+    per_token = 2 * model.num_layers * ring * model.hidden_size * model.dtype_bytes / gpu.link_bandwidth
+    return 2 * model.num_layers * latency, per_token
 
 
 def paged_kernel_factor(block_size: int, params: RooflineParams) -> float:

@@ -78,12 +78,19 @@ def test_run_script_is_valid_bash():
 
 
 def test_gpu_validation_needs_no_simulator_simpy_or_pydantic():
-    """The GPU machine has torch, triton, numpy and pyyaml only."""
+    """The GPU machine has torch, triton, numpy and pyyaml only.
+
+    DESIGN.md "Layout and layering": gpu_validation may import ``simulator.cost_model``
+    (the catalogue and the profile format, plain Python) and nothing else of the simulator.
+    """
     code = """
 import importlib, pkgutil, sys
+ALLOWED = ("simulator", "simulator.cost_model")
 class Block:
     def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("simpy", "pydantic", "simulator", "pandas", "rich"):
+        top = name.split(".")[0]
+        inside = name in ALLOWED or name.startswith("simulator.cost_model.")
+        if top in ("simpy", "pydantic", "pandas", "rich") or (top == "simulator" and not inside):
             raise ImportError(f"{name} must not be imported by gpu_validation")
 sys.meta_path.insert(0, Block())
 import gpu_validation

@@ -40,8 +40,11 @@ def pow2_at_least(n: int) -> int:
 def test_reservations_follow_the_paper_definitions():
     # prompt 100, 201 output tokens -> 300 stored tokens at the end
     assert reservation_slots("max", 100, 300, 2048) == 2048
-    assert reservation_slots("pow2", 100, 300, 2048) == 512
-    assert reservation_slots("pow2", 100, 512, 2048) == 512  # already a power of two
+    # pow2 rounds the output only: 100 + next_pow2(201) = 100 + 256
+    assert reservation_slots("pow2", 100, 300, 2048) == 356
+    # the paper's example: a 25-token output gets 32 slots (prompt 10, 34 tokens stored)
+    assert reservation_slots("pow2", 10, 34, 2048) == 10 + 32
+    assert reservation_slots("pow2", 100, 163, 2048) == 100 + 64  # 64 outputs: already a power
     assert reservation_slots("pow2", 100, 1500, 2000) == 2000  # never past max_seq_len
     assert reservation_slots("oracle", 100, 300, 2048) == 300
 
@@ -159,7 +162,8 @@ def test_first_fit_and_best_fit_place_differently():
 
 
 def test_classes_of_one_orca_pow2_sequence():
-    # prompt 100, 201 output tokens: 300 tokens at the end; pow2 reserves 512
+    # prompt 100, 201 output tokens: 300 tokens at the end; pow2 reserves 100 + 256, and the
+    # buddy allocator places that in a region of 512
     alloc = ContiguousAllocator.from_preset("orca-pow2", OPT13B_SLOTS, 2048)
     alloc.admit([0], 100, 300)
     u = alloc.usage()
@@ -236,11 +240,11 @@ def expected_region(placement: str, reserve: int) -> int:
     return pow2_at_least(reserve) if placement == "buddy" else reserve
 
 
-def expected_reserve(policy: str, final_len: int, max_seq_len: int) -> int:
+def expected_reserve(policy: str, stored_len: int, final_len: int, max_seq_len: int) -> int:
     if policy == "max":
         return max_seq_len
-    if policy == "pow2":
-        return min(pow2_at_least(final_len), max_seq_len)
+    if policy == "pow2":  # the stored tokens plus the output still to come, rounded up
+        return min(stored_len + pow2_at_least(final_len - stored_len + 1), max_seq_len)
     return final_len
 
 
@@ -288,7 +292,7 @@ def test_random_use_keeps_every_invariant(
             final = prompt + data.draw(st.integers(1, 64)) - 1
             n = data.draw(st.integers(1, 3))
             wm = data.draw(st.sampled_from([0, 0, 3]))
-            reserve = expected_reserve(reservation, final, max_seq_len)
+            reserve = expected_reserve(reservation, prompt, final, max_seq_len)
             want = Admission.NEVER if reserve < final else admission([reserve] * n, wm)
             assert alloc.check_admit(prompt, final, n, wm) is want
             if want is Admission.OK:
@@ -333,7 +337,7 @@ def test_random_use_keeps_every_invariant(
             parent = data.draw(st.sampled_from(sorted(running)))
             kv = running[parent][0]
             final = kv + data.draw(st.integers(0, 20))
-            reserve = expected_reserve(reservation, final, max_seq_len)
+            reserve = expected_reserve(reservation, kv, final, max_seq_len)
             before = alloc.usage()
             try:
                 alloc.fork(parent, next_id, final)
@@ -552,7 +556,8 @@ def test_resident_kv_follows_the_clock_and_new_arrivals():
 
 def test_try_append_all_within_targets_never_takes_the_per_sequence_path(monkeypatch):
     alloc = ContiguousAllocator.from_preset("orca-pow2", 16_384, 512)
-    for seq in range(28):  # final_len 100..127 in regions of 128
+    # final_len 100..127; pow2 reserves prompt + 128 (91 outputs rounded up): regions of 256
+    for seq in range(28):
         alloc.admit([seq], 10 + seq, 100 + seq)
     assert alloc.max_advance_all(1000) == 90  # sequence 0: 100 - 10
 
@@ -567,7 +572,7 @@ def test_try_append_all_within_targets_never_takes_the_per_sequence_path(monkeyp
     assert alloc.try_append_all()  # sequence 0 outgrows its final_len: the per-sequence path
     u = alloc.usage()
     assert alloc.kv_len(0) == 101 and u.token_states == sum(range(10, 38)) + 28 * 91
-    assert u.reserved == 0 and u.internal_frag == 28 * 128 - u.token_states
+    assert u.reserved == 0 and u.internal_frag == 28 * 256 - u.token_states
     alloc.check()
 
 

@@ -195,11 +195,13 @@ def test_bench_shapes_agree_with_the_simulator_catalogue(name):
         "ffn_size",
         "vocab_size",
         "gated_ffn",
+        "head_dim",
     ):
         assert getattr(shape, field) == getattr(spec, field), field
     # the timed GEMMs of a layer hold exactly the layer's weights
     gemms = layer_gemms(
-        spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.ffn_size, spec.gated_ffn
+        spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.ffn_size, spec.gated_ffn,
+        head_dim=spec.head_dim,
     )
     assert sum(n * k for n, k in gemms) == spec.layer_params
 

@@ -166,7 +166,8 @@ def test_cli_sweeps_a_plain_config_and_each_row_matches_a_direct_run(tmp_path, t
     assert rc == 0
     import pandas as pd
 
-    table = pd.read_parquet(tmp_path / "out" / "tiny-sweep" / "sweep.parquet")
+    (folder,) = (tmp_path / "out").glob("tiny-sweep-grid-block_size-*")  # named by what was swept
+    table = pd.read_parquet(folder / "sweep.parquet")
     assert list(table["allocator.block_size"]) == [8, 32] and (table["status"] == "ok").all()
     for block, (_, row) in zip((8, 32), table.iterrows()):
         raw = dict(tiny_base, seed=3, allocator={"kind": "paged", "block_size": block})

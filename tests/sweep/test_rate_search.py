@@ -28,10 +28,36 @@ def test_bisection_finds_a_known_knee_to_the_tolerance(knee):
 
 
 def test_ends_outside_the_range_are_reported_not_guessed():
-    below = find_sustainable_rate(lambda r: False, 1.0, 8.0)
+    below = find_sustainable_rate(lambda r: False, 1.0, 8.0, max_widenings=0)
     assert below.status == "below_lo" and below.rate is None and len(below.points) == 2
-    above = find_sustainable_rate(lambda r: True, 1.0, 8.0)
+    assert below.is_bound
+    above = find_sustainable_rate(lambda r: True, 1.0, 8.0, max_widenings=0)
     assert above.status == "above_hi" and above.rate == 8.0 and len(above.points) == 2
+    assert above.is_bound and above.bracket == (8.0, None)
+    # Widening first: 4 times by 4x on each side, then the bound is reported.
+    above = find_sustainable_rate(lambda r: True, 1.0, 8.0)
+    assert above.status == "above_hi" and above.rate == 8.0 * 4**4 and above.widened == 4
+    below = find_sustainable_rate(lambda r: False, 1.0, 8.0)
+    assert below.status == "below_lo" and min(p.rate for p in below.points) == 1.0 / 4**4
+
+
+@pytest.mark.parametrize("knee", [0.013, 0.3, 2.2, 5.9, 41.0, 700.0])
+def test_default_search_is_relative_and_widens_to_bracket_the_knee(knee):
+    # A range that misses the knee (0.013, 41, 700) is widened; every answer is bracketed to 2%
+    # of the rate found, whatever its size (an absolute (hi - lo)/32 left 0.3 req/s within 60%).
+    res = find_sustainable_rate(lambda r: r <= knee, lo=0.05, hi=6.0)
+    assert res.status == "ok" and not res.is_bound
+    good, bad = res.bracket
+    assert res.rate == good <= knee < bad
+    assert bad - good <= 0.02 * good
+    assert (res.widened > 0) == (not 0.05 <= knee < 6.0)
+    assert len(res.points) <= 2 + 4 + 12
+
+
+def test_both_precisions_must_hold_when_both_are_given():
+    res = find_sustainable_rate(lambda r: r <= 3.3, 0.5, 16.0, tolerance=0.5, rel_tolerance=0.01)
+    good, bad = res.bracket
+    assert bad - good <= 0.01 * good
 
 
 def test_state_machine_asks_for_both_ends_then_one_midpoint_at_a_time():

@@ -1,0 +1,281 @@
+"""``kvsim calibrate --import DIR``: a public operator-profile bundle -> a kvsim operator profile.
+
+The bundle format is LLMServingSim's profiler output (casys-kaist/LLMServingSim,
+``docs/docs/profiler/output-bundle.md``; a copy is in
+``shared/validation/vllm-0.19-rtx4090-llama-3.1-8b/profile/FORMAT-upstream.md``)::
+
+    DIR/meta.yaml               versions, GPU, model, engine settings, grids
+    DIR/tp<N>/dense.csv         layer,tokens,time_us        per-layer dense operators
+    DIR/tp<N>/per_sequence.csv  layer,sequences,time_us     once-per-step operators
+    DIR/tp<N>/attention.csv     prefill_chunk,kv_prefill,n_decode,kv_decode,time_us
+
+The result is one YAML file (``simulator.cost_model.operator_profile`` documents it) with
+its provenance, written to ``gpu_validation/profiles/<name>.yaml`` together with the
+bundle's ``LICENSE`` and ``SOURCES.md`` (looked up in DIR and the two folders above it),
+copied as ``<name>.LICENSE`` and ``<name>.SOURCES.md``.
+
+How a step is assembled from the operators is the model architecture's, which the bundle
+names but does not contain (upstream keeps it in ``profiler/models/<arch>.yaml``): for the
+Llama family each decoder layer runs two RMSNorms, the QKV projection, rotary embedding,
+attention, the output projection, the fused gate/up projection, SiLU-and-mul and the down
+projection; the embedding and the final norm run once per step over all tokens, the LM
+head and the sampler once per step over the sampled sequences. Qwen3 adds a per-head
+``qk_norm``. Other architectures are refused rather than guessed.
+
+``skew.csv`` (attention of decode batches with unequal contexts) is not imported: the
+profiled model times a decode batch at its mean context. The importer measures what that
+costs on the bundle's own skew shots and records it in the profile's notes.
+
+Plain Python + PyYAML: no torch, numpy, simpy or pydantic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import re
+import shutil
+import statistics
+import sys
+from pathlib import Path
+
+import yaml
+
+from simulator.cost_model.operator_profile import (
+    ATTENTION_AXES,
+    PROFILES_DIR,
+    AttentionGrid,
+    OperatorProfile,
+    Table1D,
+    TPTables,
+    write_operator_profile,
+)
+
+# Dense operators per decoder layer, per step, and those tensor parallelism does not shard
+# (upstream's ``tp_stable``: norms and the sampler are replicated on every GPU).
+_LLAMA_LAYER = {"layernorm": 2, "qkv_proj": 1, "rotary_emb": 1, "o_proj": 1, "gate_up_proj": 1,
+                "act_fn": 1, "down_proj": 1}
+ARCHITECTURES = {
+    "llama": (_LLAMA_LAYER, ("embedding", "final_layernorm"), ("layernorm", "final_layernorm", "sampler")),
+    "qwen3": ({**_LLAMA_LAYER, "qk_norm": 1}, ("embedding", "final_layernorm"),
+              ("layernorm", "final_layernorm", "sampler")),
+}
+
+
+class BundleError(ValueError):
+    """The bundle is missing a file or holds something this importer cannot read."""
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise BundleError(f"{path}: cannot read ({e.strerror})") from None
+    except yaml.YAMLError as e:
+        raise BundleError(f"{path}: not valid YAML ({e})") from None
+    if not isinstance(data, dict):
+        raise BundleError(f"{path}: expected a mapping at the top level")
+    return data
+
+
+def _read_csv(path: Path, columns: tuple[str, ...]) -> list[dict[str, str]]:
+    if not path.is_file():
+        raise BundleError(f"{path}: missing")
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in columns if c not in (reader.fieldnames or [])]
+        if missing:
+            raise BundleError(f"{path}: missing column(s) {', '.join(missing)} (has {reader.fieldnames})")
+        return list(reader)
+
+
+def _number(row: dict[str, str], col: str, path: Path, line: int, integer: bool) -> float:
+    text = row[col]
+    try:
+        v = int(text) if integer else float(text)
+    except (TypeError, ValueError):
+        raise BundleError(f"{path}:{line}: {col}: expected {'an integer' if integer else 'a number'}, "
+                          f"got {text!r}") from None
+    if v < 0 or not math.isfinite(v):
+        raise BundleError(f"{path}:{line}: {col}: expected a value >= 0, got {text!r}")
+    return v
+
+
+def _tables(path: Path, axis: str) -> dict[str, Table1D]:
+    """``layer,<axis>,time_us`` rows -> one table per layer, sorted by the axis (s)."""
+    rows = _read_csv(path, ("layer", axis, "time_us"))
+    by_layer: dict[str, dict[int, float]] = {}
+    for line, r in enumerate(rows, start=2):
+        x = int(_number(r, axis, path, line, True))
+        t = _number(r, "time_us", path, line, False)
+        points = by_layer.setdefault(r["layer"], {})
+        if x in points:
+            raise BundleError(f"{path}:{line}: {r['layer']} at {axis}={x} appears twice")
+        points[x] = t * 1e-6
+    return {name: Table1D(tuple(sorted(p)), tuple(p[x] for x in sorted(p))) for name, p in by_layer.items()}
+
+
+def _attention(path: Path) -> AttentionGrid:
+    rows = _read_csv(path, (*ATTENTION_AXES, "time_us"))
+    points = {}
+    for line, r in enumerate(rows, start=2):
+        key = tuple(int(_number(r, ax, path, line, True)) for ax in ATTENTION_AXES)
+        if key in points:
+            raise BundleError(f"{path}:{line}: point {key} appears twice")
+        points[key] = _number(r, "time_us", path, line, False) * 1e-6
+    if not points:
+        raise BundleError(f"{path}: no rows")
+    axes = [sorted({k[i] for k in points}) for i in range(4)]
+    seconds = [points.get((a, b, c, d)) for a in axes[0] for b in axes[1] for c in axes[2] for d in axes[3]]
+    return AttentionGrid(*(tuple(a) for a in axes), tuple(seconds))
+
+
+def mean_context_error(skew_csv: Path) -> tuple[float, float, int] | None:
+    """(median, p95, shots) of ``|t_mean / t_skew - 1|``: the error of timing a decode batch
+    with unequal contexts at its mean context, on the bundle's measured skew shots."""
+    if not skew_csv.is_file():
+        return None
+    errs = []
+    for r in _read_csv(skew_csv, ("t_mean_us", "t_skew_us")):
+        try:
+            mean, skew = float(r["t_mean_us"]), float(r["t_skew_us"])
+        except ValueError:
+            continue
+        if skew > 0 and math.isfinite(mean):
+            errs.append(abs(mean / skew - 1))
+    if not errs:
+        return None
+    errs.sort()
+    return statistics.median(errs), errs[min(len(errs) - 1, int(0.95 * len(errs)))], len(errs)
+
+
+def _find_up(start: Path, name: str, levels: int = 2) -> Path | None:
+    for d in [start, *list(start.parents)[:levels]]:
+        if (d / name).is_file():
+            return d / name
+    return None
+
+
+def _paragraph(text: str) -> str:
+    """The first paragraph that is not a heading, on one line."""
+    for block in re.split(r"\n\s*\n", text):
+        lines = [x.strip() for x in block.strip().splitlines() if not x.startswith("#")]
+        if lines and not lines[0].startswith("|"):
+            return " ".join(lines).rstrip(":")
+    return ""
+
+
+def _licence(text: str) -> str:
+    lines = [x.strip() for x in text.splitlines() if x.strip()]
+    copyright_ = next((x for x in lines if x.lower().startswith("copyright")), "")
+    return ", ".join(x for x in (lines[0] if lines else "", copyright_) if x)
+
+
+def default_name(meta: dict) -> str:
+    """``<hardware>-<model basename>``, lower case: ``rtx4090-llama-3.1-8b``."""
+    model = str(meta.get("model", "model")).rsplit("/", 1)[-1]
+    return re.sub(r"[^a-z0-9._-]+", "-", f"{meta.get('hardware', 'gpu')}-{model}".lower())
+
+
+def convert(bundle: str | Path, name: str | None = None) -> tuple[OperatorProfile, Path | None, Path | None]:
+    """Read a bundle (the folder holding ``meta.yaml``, or one that holds ``profile/meta.yaml``);
+    return the profile and the LICENSE and SOURCES.md files found for it."""
+    root = Path(bundle)
+    if not (root / "meta.yaml").is_file() and (root / "profile" / "meta.yaml").is_file():
+        root = root / "profile"
+    if not (root / "meta.yaml").is_file():
+        raise BundleError(f"{bundle}: no meta.yaml here or in {Path(bundle) / 'profile'} "
+                          "(expected an LLMServingSim profiler bundle)")
+    meta = _read_yaml(root / "meta.yaml")
+    arch = str(meta.get("architecture", ""))
+    if arch not in ARCHITECTURES:
+        raise BundleError(f"{root / 'meta.yaml'}: architecture {arch!r}: operator layout unknown; "
+                          f"this importer knows {', '.join(ARCHITECTURES)}")
+    per_layer, per_step, tp_stable = ARCHITECTURES[arch]
+    degrees = sorted(int(p.name[2:]) for p in root.glob("tp*") if re.fullmatch(r"tp\d+", p.name))
+    if 1 not in degrees:
+        raise BundleError(f"{root}: no tp1/ folder (every profile needs tensor-parallel degree 1)")
+    tp = {}
+    for d in degrees:
+        folder = root / f"tp{d}"
+        if (folder / "moe.csv").is_file():
+            raise BundleError(f"{folder / 'moe.csv'}: mixture-of-experts profiles are not supported")
+        dense = _tables(folder / "dense.csv", "tokens")
+        for op in [*per_layer, *per_step]:
+            if op not in dense:
+                raise BundleError(f"{folder / 'dense.csv'}: no rows for operator {op!r} "
+                                  f"(architecture {arch} runs it)")
+        tp[d] = TPTables(dense, _tables(folder / "per_sequence.csv", "sequences"),
+                         _attention(folder / "attention.csv"))
+    # hf_overrides hold the per-GPU shapes of the last degree profiled (the largest): scale to TP 1.
+    over = (meta.get("engine_effective") or {}).get("hf_overrides") or {}
+    scale = max(int(x) for x in (meta.get("tp_degrees") or [1]))
+    keys = {"num_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads",
+            "ffn_size": "intermediate_size", "vocab_size": "vocab_size"}
+    model = {"name": str(meta.get("model", "")), "variant": str(meta.get("variant", "")), "architecture": arch}
+    for k, upstream in keys.items():
+        if upstream not in over:
+            raise BundleError(f"{root / 'meta.yaml'}: engine_effective.hf_overrides.{upstream}: missing")
+        model[k] = int(over[upstream]) * scale
+    engine = meta.get("engine_effective") or {}
+    licence_file, sources_file = _find_up(root, "LICENSE"), _find_up(root, "SOURCES.md")
+    name = name or default_name(meta)
+    source = _paragraph(sources_file.read_text()) if sources_file else ""
+    provenance = {
+        "source": source or f"LLMServingSim profiler bundle {root.name}",
+        "gpu": str(meta.get("gpu", "")),
+        "hardware": str(meta.get("hardware", "")),
+        "engine": f"vLLM {meta.get('vllm_version', '?')}",
+        "cuda": str(meta.get("cuda_version", "")),
+        "profiler": f"LLMServingSim profiler {meta.get('profiler_version', '?')}",
+        "date": str(meta.get("profiled_at", "")),
+        "licence": (_licence(licence_file.read_text()) if licence_file else "unknown")
+        + (f"; see {name}.LICENSE" if licence_file else ""),
+        "attribution": f"{name}.SOURCES.md" if sources_file else "",
+        "measurement": f"{meta.get('measurement_iterations', '?')} timed forwards per shot, "
+        f"enforce_eager={engine.get('enforce_eager')}, KV block size {engine.get('block_size', '?')} "
+        "(vLLM's paged attention), one decoder layer (per-layer times are multiplied by the model's layers)",
+        "imported_by": "kvsim calibrate --import",
+    }
+    err = mean_context_error(root / "tp1" / "skew.csv")
+    if err is not None:
+        provenance["notes"] = (
+            f"skew tables not imported: decode attention is timed at the batch's mean context, "
+            f"which is off by median {100 * err[0]:.1f}%, p95 {100 * err[1]:.1f}% on the bundle's "
+            f"{err[2]} unequal-context shots (tp1/skew.csv)")
+    return (OperatorProfile(name, provenance, model, dict(per_layer), per_step, tp_stable, tp),
+            licence_file, sources_file)
+
+
+def import_bundle(bundle: str | Path, out_dir: str | Path = PROFILES_DIR, name: str | None = None) -> Path:
+    """Convert ``bundle`` and write ``<out_dir>/<name>.yaml`` plus its licence and attribution."""
+    profile, licence_file, sources_file = convert(bundle, name)
+    out_dir = Path(out_dir)
+    path = write_operator_profile(profile, out_dir / f"{profile.name}.yaml")
+    if licence_file is not None:
+        shutil.copyfile(licence_file, out_dir / f"{profile.name}.LICENSE")
+    if sources_file is not None:
+        shutil.copyfile(sources_file, out_dir / f"{profile.name}.SOURCES.md")
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="kvsim calibrate --import",
+                                description="Import a public operator-profile bundle (LLMServingSim format).")
+    p.add_argument("--import", dest="bundle", required=True, metavar="DIR",
+                   help="bundle folder (holding meta.yaml and tp<N>/)")
+    p.add_argument("--name", help="profile name (default: <hardware>-<model>, e.g. rtx4090-llama-3.1-8b)")
+    p.add_argument("--out", default=str(PROFILES_DIR), help="output folder (default: gpu_validation/profiles)")
+    args = p.parse_args(argv)
+    try:
+        path = import_bundle(args.bundle, args.out, args.name)
+    except BundleError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"profile: {path}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,347 @@
+"""The reference paged allocator: vLLM's PagedAttention memory, written to be read.
+
+This is the oracle the fast ``PagedAllocator`` is tested against (DESIGN.md,
+"Performance principle, and the reference"), and the place to learn the rules. It
+keeps every block table for real and recomputes the memory classes from them; it
+shares nothing with the fast allocator.
+
+::
+
+    GPU blocks  [ 0 ][ 1 ][ 2 ][ 3 ][ 4 ][ 5 ] ...   block_size slots each
+    seq 7       -> [2, 0, 5]        kv = 2 * B + 3  (block 5 holds 3 tokens)
+    seq 8       -> [2, 0, 4]        a fork of seq 7: blocks 2 and 0 have 2 holders
+    free list   [1, 3, ...]         blocks nobody holds and no cache names
+    prefix cache  key -> block      the cache holds one reference of its own;
+    LRU         [3, ...]            cached blocks only the cache holds: free, evicted oldest first
+
+Rules (one place each):
+
+- A sequence takes a new block only when its last block is full.
+- Appending to a partly filled last block that another sequence also holds first copies
+  it (copy-on-write); the copy holds the tokens written so far.
+- Prefix caching: a full prompt block is named by its content and everything in front
+  of it: a chain, each name made of its parent's name and its own content (vLLM hashes
+  the pair; here each new pair gets the next integer). A freed cached block stays
+  reusable until a block is needed and no uncached block is free; then the least
+  recently released cached block is evicted.
+- Swapping moves a group's distinct blocks to a bounded CPU pool (a block shared by
+  several sequences moves once) and back to fresh GPU blocks.
+
+Memory classes (slots, summing to capacity): ``token_states`` counts the tokens written
+in blocks some sequence holds (a shared block once); a sequence's ``reserved`` slots are
+the empty slots of its last block up to its final length, if it alone will fill them
+(a shared partly filled last block will be copied: its empty slots are nobody's);
+``free`` counts free blocks and cached blocks only the cache holds; the rest of the
+allocated slots are ``internal_frag``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+
+OK, NO_SPACE, FRAGMENTED, NEVER = "ok", "no_space", "fragmented", "never"
+
+
+def blocks_for(tokens: int, block_size: int) -> int:
+    """Blocks that hold ``tokens`` slots."""
+    return -(-tokens // block_size)
+
+
+@dataclass
+class Memory:
+    """Slots by class at one instant (they sum to ``capacity``), and the slots the
+    sequences would hold if nothing were shared (for the sharing saving)."""
+
+    capacity: int
+    token_states: int
+    reserved: int
+    internal_frag: int
+    free: int
+    unshared: int
+
+
+@dataclass
+class ReferencePagedAllocator:
+    """``num_blocks`` GPU blocks and ``swap_blocks`` CPU blocks of ``block_size`` slots."""
+
+    num_blocks: int
+    block_size: int
+    swap_blocks: int = 0
+    prefix_caching: bool = False
+    shares_memory: bool = field(default=True, init=False)
+    copied_blocks: int = field(default=0, init=False)  # copy-on-write copies so far
+    prefix_lookups: int = field(default=0, init=False)
+    prefix_hits: int = field(default=0, init=False)
+    evictions: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        self.capacity = self.num_blocks * self.block_size
+        self.free_list: list[int] = list(range(self.num_blocks))
+        self.holders: list[int] = [0] * self.num_blocks  # sequences holding each GPU block
+        self.filled: list[int] = [0] * self.num_blocks  # tokens written in each GPU block
+        self.tables: dict[int, list[int]] = {}  # GPU-resident sequence -> its blocks
+        self.kv: dict[int, int] = {}  # sequence -> tokens stored (GPU or CPU)
+        self.final: dict[int, int] = {}  # sequence -> tokens it will finally store
+        self.names: dict[tuple[int, Hashable], int] = {}  # (parent name, content) -> name
+        self.cache: dict[int, int] = {}  # name -> GPU block holding that content
+        self.key_of: dict[int, int] = {}  # GPU block -> its name
+        self.lru: dict[
+            int, None
+        ] = {}  # cached blocks no sequence holds, least recently released first
+        self.cpu_tables: dict[int, list[int]] = {}  # swapped-out sequence -> its CPU blocks
+        self.cpu_holders: dict[int, int] = {}  # CPU block in use -> sequences holding it
+        self.cpu_filled: dict[int, int] = {}
+        self.cpu_free_list: list[int] = list(range(self.swap_blocks))
+
+    # --- blocks ----------------------------------------------------------------
+    def num_free(self) -> int:
+        """Blocks a new allocation may take: free ones and cached ones nobody holds."""
+        return len(self.free_list) + len(self.lru)
+
+    def take(self) -> int:
+        """A block for new content: a free one, else evict the least recently used cached one."""
+        if self.free_list:
+            block = self.free_list.pop()
+        else:
+            block = next(iter(self.lru))
+            del self.lru[block]
+            del self.cache[self.key_of.pop(block)]
+            self.evictions += 1
+        self.holders[block] = 1
+        self.filled[block] = 0
+        return block
+
+    def hold(self, block: int) -> None:
+        """One more sequence holds ``block`` (a fork, or a prefix-cache hit)."""
+        if self.holders[block] == 0 and block in self.key_of:
+            del self.lru[block]  # revived from the cache
+        self.holders[block] += 1
+
+    def release(self, block: int) -> None:
+        """One sequence lets go of ``block``; the last one frees it, or leaves it to the cache."""
+        self.holders[block] -= 1
+        if self.holders[block] == 0:
+            if block in self.key_of:
+                self.lru[block] = None
+            else:
+                self.free_list.append(block)
+
+    # --- admission ---------------------------------------------------------------
+    def prefix_keys(self, prefix: Sequence[Hashable]) -> list[int]:
+        """Names of the leading full prompt blocks: each names (parent name, content)."""
+        keys, parent = [], -1
+        for content in prefix if self.prefix_caching else ():
+            parent = self.names.setdefault((parent, content), len(self.names))
+            keys.append(parent)
+        return keys
+
+    def cache_hits(self, prefix: Sequence[Hashable]) -> list[int]:
+        """Blocks of the longest run of leading prompt blocks found in the cache."""
+        hits = []
+        for key in self.prefix_keys(prefix):
+            if key not in self.cache:
+                break
+            hits.append(self.cache[key])
+        return hits
+
+    def can_admit(
+        self,
+        prompt_len: int,
+        finals: list[int],
+        watermark_slots: int,
+        prefix: Sequence[Hashable] = (),
+    ) -> str:
+        """Could a group of ``len(finals)`` sequences sharing the prompt start now, keeping
+        the watermark free? NEVER when even an empty cache could not hold it to its end."""
+        B, n = self.block_size, len(finals)
+        watermark = watermark_slots // B
+        prompt = blocks_for(prompt_len, B)
+        longest = blocks_for(max(max(finals), prompt_len), B)
+        # At its peak every sequence holds the shared prompt blocks plus its own blocks past
+        # them, and (several sequences) its own copy of a partly filled last prompt block.
+        copies = n if n > 1 and prompt_len % B else 0
+        peak = prompt + n * (longest - prompt) + copies
+        if prompt > self.num_blocks - watermark or peak > self.num_blocks:
+            return NEVER
+        # A hit on a block some sequence holds costs nothing; one only the cache holds
+        # leaves the free count like a fresh block.
+        held_hits = sum(1 for b in self.cache_hits(prefix) if self.holders[b] > 0)
+        if self.num_free() - (prompt - held_hits) < watermark:
+            return NO_SPACE
+        return OK
+
+    def admit(
+        self,
+        seq_ids: list[int],
+        prompt_len: int,
+        finals: list[int],
+        prefix: Sequence[Hashable] = (),
+    ) -> int:
+        """Store the prompt once for all sequences of the group; return the prompt tokens
+        found in the prefix cache (at least the last prompt token is computed)."""
+        B = self.block_size
+        keys = self.prefix_keys(prefix)
+        hits = self.cache_hits(prefix)
+        for b in hits:
+            self.hold(b)
+        self.prefix_lookups += len(keys)
+        self.prefix_hits += len(hits)
+        fresh = [self.take() for _ in range(blocks_for(prompt_len, B) - len(hits))]
+        blocks = hits + fresh
+        for i, b in enumerate(fresh, start=len(hits)):
+            self.filled[b] = min(B, prompt_len - i * B)
+            if i < len(keys) and keys[i] not in self.cache:  # a full block with a name: cache it
+                self.cache[keys[i]] = b
+                self.key_of[b] = keys[i]
+        for b in blocks:  # every further sequence holds the prompt blocks too
+            self.holders[b] += len(seq_ids) - 1
+        for s, final in zip(seq_ids, finals):
+            self.tables[s] = list(blocks)
+            self.kv[s] = prompt_len
+            self.final[s] = final
+        return min(len(hits) * B, prompt_len - 1)
+
+    # --- growth, forks, frees ----------------------------------------------------------
+    def needs_block(self, s: int) -> bool:
+        """Does the next token of ``s`` need a block: its last is full, or shared (a copy)?"""
+        return self.kv[s] % self.block_size == 0 or self.holders[self.tables[s][-1]] > 1
+
+    def can_append(self, seq_ids: Sequence[int]) -> bool:
+        """Room for one more token in each sequence? Counted per sequence, before any copy:
+        two beams sharing a partly filled last block count two blocks, although the last
+        holder keeps the original (conservative, as vLLM's one block per sequence)."""
+        return sum(1 for s in seq_ids if self.needs_block(s)) <= self.num_free()
+
+    def append(self, seq_ids: Sequence[int]) -> None:
+        """One slot for each sequence (the caller checked ``can_append``)."""
+        B = self.block_size
+        for s in seq_ids:
+            table, offset = self.tables[s], self.kv[s] % B
+            if offset == 0:
+                table.append(self.take())
+            elif self.holders[table[-1]] > 1:  # copy-on-write
+                copy = self.take()
+                self.filled[copy] = offset
+                self.release(table[-1])
+                table[-1] = copy
+                self.copied_blocks += 1
+            self.filled[table[-1]] = offset + 1
+            self.kv[s] += 1
+            self.final[s] = max(self.final[s], self.kv[s])
+
+    def fork_into(self, parent: int, target: int, final: int) -> None:
+        """Beam search: ``target`` (a dead beam) becomes a fork of ``parent``: shares its blocks."""
+        for b in self.tables[target]:
+            self.release(b)
+        self.tables[target] = list(self.tables[parent])
+        for b in self.tables[target]:
+            self.hold(b)
+        self.kv[target] = self.kv[parent]
+        self.final[target] = final
+
+    def free(self, s: int) -> None:
+        if s in self.cpu_tables:
+            for b in self.cpu_tables.pop(s):
+                self.cpu_release(b)
+        else:
+            for b in self.tables.pop(s):
+                self.release(b)
+        del self.kv[s], self.final[s]
+
+    # --- swapping ----------------------------------------------------------------------
+    def distinct_blocks(self, seq_ids: Sequence[int]) -> int:
+        tables = self.cpu_tables if seq_ids[0] in self.cpu_tables else self.tables
+        return len({b for s in seq_ids for b in tables[s]})
+
+    def can_swap_out(self, seq_ids: Sequence[int]) -> bool:
+        return self.distinct_blocks(seq_ids) <= len(self.cpu_free_list)
+
+    def swap_out(self, seq_ids: Sequence[int]) -> tuple[int, int]:
+        """Move the group's distinct blocks to the CPU; return (blocks moved, slots moved)."""
+        moved: dict[int, int] = {}  # GPU block -> its CPU copy
+        for s in seq_ids:
+            cpu_table = []
+            for b in self.tables.pop(s):
+                if b not in moved:
+                    moved[b] = self.cpu_free_list.pop()
+                    self.cpu_holders[moved[b]] = 0
+                    self.cpu_filled[moved[b]] = self.filled[b]
+                self.cpu_holders[moved[b]] += 1
+                cpu_table.append(moved[b])
+                self.release(b)
+            self.cpu_tables[s] = cpu_table
+        return len(moved), len(moved) * self.block_size
+
+    def cpu_release(self, b: int) -> None:
+        self.cpu_holders[b] -= 1
+        if self.cpu_holders[b] == 0:
+            del self.cpu_holders[b], self.cpu_filled[b]
+            self.cpu_free_list.append(b)
+
+    def can_swap_in(self, seq_ids: Sequence[int], watermark_slots: int) -> str:
+        need, watermark = self.distinct_blocks(seq_ids), watermark_slots // self.block_size
+        if need > self.num_blocks - watermark:
+            return NEVER
+        return OK if self.num_free() - need >= watermark else NO_SPACE
+
+    def swap_in(self, seq_ids: Sequence[int]) -> tuple[int, int]:
+        """Bring the group back into fresh GPU blocks (not cached); (blocks, slots) moved."""
+        moved: dict[int, int] = {}  # CPU block -> its GPU copy
+        for s in seq_ids:
+            table = []
+            for b in self.cpu_tables.pop(s):
+                if b not in moved:
+                    moved[b] = self.take()
+                    self.filled[moved[b]] = self.cpu_filled[b]
+                else:
+                    self.holders[moved[b]] += 1
+                table.append(moved[b])
+                self.cpu_release(b)
+            self.tables[s] = table
+        return len(moved), len(moved) * self.block_size
+
+    # --- observation -------------------------------------------------------------------
+    def kv_len(self, s: int) -> int:
+        return self.kv[s]
+
+    def resident(self) -> tuple[int, int]:
+        """(sequences on the GPU, their stored tokens): a decode batch's shape."""
+        return len(self.tables), sum(self.kv[s] for s in self.tables)
+
+    def memory(self) -> Memory:
+        B = self.block_size
+        held = {b for table in self.tables.values() for b in table}  # a shared block counts once
+        token_states = sum(self.filled[b] for b in held)
+        reserved = 0
+        for s, table in self.tables.items():
+            if self.holders[table[-1]] == 1:  # only its own last block will it fill itself
+                reserved += max(0, min(len(table) * B, self.final[s]) - self.kv[s])
+        free = self.num_free() * B
+        return Memory(
+            self.capacity,
+            token_states,
+            reserved,
+            self.capacity - free - token_states - reserved,
+            free,
+            sum(len(t) for t in self.tables.values()) * B,
+        )
+
+    def check(self) -> None:
+        """Raise AssertionError unless every block is accounted for exactly once."""
+        held = [0] * self.num_blocks
+        for table in self.tables.values():
+            for b in table:
+                held[b] += 1
+        assert held == self.holders, "holder counts disagree with the block tables"
+        for s, table in self.tables.items():
+            assert len(table) == blocks_for(self.kv[s], self.block_size), f"seq {s}: table length"
+        cached_only = [b for b in self.key_of if self.holders[b] == 0]
+        assert sorted(cached_only) == sorted(self.lru), "LRU list disagrees with the cache"
+        free = set(self.free_list)
+        assert len(free) == len(self.free_list) and not free & set(self.key_of)
+        assert all(self.holders[b] == 0 for b in free)
+        in_use = sum(1 for h in self.holders if h > 0)
+        assert in_use + len(self.free_list) + len(self.lru) == self.num_blocks, (
+            "blocks not conserved"
+        )

@@ -1,0 +1,423 @@
+"""Profiled step-time model: measured operator times, looked up and interpolated.
+
+A step's time on one GPU is assembled from an operator profile
+(``simulator.cost_model.operator_profile``, e.g. the imported RTX 4090 / Llama-3.1-8B one)::
+
+    step = layers x sum(count x dense_op(tokens))     per-layer dense operators (projections,
+                                                      norms, rotary, activation) at the step's tokens
+         + sum(dense_op(tokens))                      once per step: embedding, final norm
+         + sum(per_sequence_op(sequences))            once per step: LM head, sampler
+         + layers x attention(prefill chunk, cached prefix, decoding sequences, their context)
+         + tensor-parallel all-reduces + step_overhead_s
+
+``tokens`` = prefill tokens + decoding sequences; ``sequences`` = sequences sampled
+(prefill groups + decoding sequences).
+
+Interpolation: piecewise linear along every axis, between the two measured neighbours
+(multilinear on the attention grid, as nested 1-D interpolations so that grid cells the
+profile did not measure are bridged along the axis that has them). Chosen by held-out
+error: leaving each interior grid point out and interpolating it from its neighbours
+along each axis, linear beats log-linear, log-log and nearest on the attention grid
+(median 0.3-1.9% against 2-21%), and ties log-log on the dense and per-sequence tables
+(``tests/simulator/test_profiled_cost_model.py`` measures it). Linear along the decode
+context also keeps a decode step piecewise affine in the batch's context, which the
+engine's runs of decode steps need (``decode_segment``).
+
+Outside the grid (each case counted in ``out_of_grid`` and warned about once):
+
+- below the smallest measured value, the smallest value's time (small kernels are
+  launch-bound: a 5-token prefill or a 3-token context costs what 16 does);
+- above the largest, linear extrapolation along the secant from the largest measured
+  value at or below half the largest to the largest (tokens, sequences, decoding
+  sequences, contexts: compute or bandwidth grows linearly there);
+- a prefill chunk longer than the largest measured chunk is timed as consecutive chunks
+  of that size, each over the prefix the previous ones left (attention grows with
+  the square of the chunk; a linear extrapolation would not).
+
+Shapes the profile does not distinguish (``BatchShape`` holds sums, not lists):
+
+- several prefill sequences in one step: ``s`` chunks of the mean length ``P / s`` over
+  the mean cached prefix that gives the step's causal query-key pairs; one launch of the
+  varlen kernel pays the fixed cost once, so the step pays one chunk's time plus
+  ``s - 1`` times that chunk's time above the grid's cheapest prefill (the launch);
+- decoding sequences of unequal context: timed at the mean context. On the RTX 4090
+  bundle's skew shots this is off by median 3.9%, p95 31% for the attention kernel alone
+  (recorded in the profile's notes; the skew tables are not used).
+
+Tensor parallelism: a profile's ``tp<N>`` tables are per-GPU times measured at degree
+``N`` on one GPU (upstream emulates a rank by dividing the model's shapes), so they hold
+no communication. A run at a degree the profile has uses its tables; otherwise the
+degree-1 tables with every sharded operator's time divided by the degree (norms and the
+sampler, ``tp_stable``, are not: ideal sharding, optimistic where launches dominate). In
+both cases the model adds the two all-reduces per layer the tables lack, each
+``2 (n-1)/n x tokens x hidden x dtype_bytes / link_bandwidth + per_call_latency`` over the
+GPU's real link (``GPUSpec.link_bandwidth``: NVLink, PCIe peer-to-peer, or PCIe through
+host memory; ``link_latency_s``).
+
+The attention tables were measured with the engine's paged kernel at the profile's block
+size (provenance ``measurement``); other block sizes and the contiguous allocator use the
+same tables (no block-size effect is modelled here, unlike ``roofline`` and ``calibrated``).
+
+Not in a kernel profile, so taken from the roofline (catalogue GPU): swap over the host
+link and copy-on-write block copies. ``step_overhead_s`` defaults to 0: the profile times
+the GPU's work, and vLLM overlaps its CPU-side scheduling with it (async scheduling).
+"""
+
+from __future__ import annotations
+
+import bisect
+import sys
+import warnings
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from simulator.cost_model.base import BatchShape, CostModel
+from simulator.cost_model.catalogue import GPUSpec, ModelSpec
+from simulator.cost_model.operator_profile import (
+    AttentionGrid,
+    OperatorProfile,
+    OperatorProfileError,
+    Table1D,
+    find_operator_profile,
+    read_operator_profile,
+)
+from simulator.cost_model.roofline import RooflineCostModel, RooflineParams
+
+_CACHE_LIMIT = 65536  # memoised dense/per-sequence times (distinct counts) before a reset
+
+
+class ProfileExtrapolationWarning(UserWarning):
+    """A step fell outside the profile's measured grid (emitted once per axis and side)."""
+
+
+def bracket(xs: Sequence[float], x: float) -> tuple[int, int, float, int]:
+    """``(i0, i1, w, side)`` with ``y(x) = y[i0] + w * (y[i1] - y[i0])``, piecewise linear.
+
+    ``side`` -1: below the grid (clamped to the first point); +1: above it, extrapolated
+    along the secant from the largest point at or below half the last one to the last (the
+    last two points of a doubling grid; on a dense grid a wide baseline, not the slope of
+    two neighbours' measurement noise); 0: inside.
+    """
+    n = len(xs)
+    if x <= xs[0] or n == 1:
+        side = -1 if x < xs[0] else (1 if x > xs[0] else 0)
+        return 0, 0, 0.0, side
+    if x >= xs[-1]:
+        last = n - 1
+        if x == xs[-1]:
+            return last, last, 0.0, 0
+        i0 = min(last - 1, max(0, bisect.bisect_right(xs, xs[-1] / 2) - 1))
+        return i0, last, (x - xs[i0]) / (xs[-1] - xs[i0]), 1
+    i = bisect.bisect_right(xs, x)
+    return i - 1, i, (x - xs[i - 1]) / (xs[i] - xs[i - 1]), 0
+
+
+def lerp(xs: Sequence[float], ys: Sequence[float], x: float) -> tuple[float, int]:
+    """Piecewise-linear ``y(x)`` through the points, and the side (see ``bracket``)."""
+    i0, i1, w, side = bracket(xs, x)
+    y0 = ys[i0]
+    return (y0 + w * (ys[i1] - y0) if w else y0), side
+
+
+def load_profile(profile: str | Path, base_dir: str | Path | None = None) -> OperatorProfile:
+    """The operator profile a config names (a path or a shipped profile's name)."""
+    return read_operator_profile(find_operator_profile(profile, base_dir))
+
+
+class _Attention:
+    """One layer's attention time (s) from an ``AttentionGrid`` by nested 1-D interpolation.
+
+    Innermost the decode context, then decoding sequences, cached prefix, prefill chunk;
+    each axis uses only the values measured on its line (the grid has holes: upstream did
+    not time 256 decoding sequences next to a prefill chunk). ``0`` on the chunk and
+    sequence axes means "none" and is never interpolated towards (1..15 prefill tokens
+    cost what 16 do). Only the two bracketing points of each axis are evaluated.
+    """
+
+    def __init__(self, grid: AttentionGrid, scale: float, count: Callable[[str, int], None]):
+        self.count = count
+        g = grid
+        pcs, kps, nds, kds = g.prefill_chunk, g.kv_prefill, g.n_decode, g.kv_decode
+        # (i, j) -> time with no decode; (i, j) -> (decode counts, their context lines)
+        self.alone: dict[tuple[int, int], float] = {}
+        self.decode: dict[tuple[int, int], tuple[tuple[int, ...], list[tuple[tuple[int, ...], tuple[float, ...]]]]] = {}
+        for i in range(len(pcs)):
+            for j in range(len(kps)):
+                counts, lines = [], []
+                for k, nd in enumerate(nds):
+                    pts = [(kd, t * scale) for m, kd in enumerate(kds)
+                           if (t := g.at(i, j, k, m)) is not None and (nd == 0) == (kd == 0)]
+                    if not pts:
+                        continue
+                    if nd == 0:
+                        self.alone[(i, j)] = pts[0][1]
+                    else:
+                        counts.append(nd)
+                        lines.append((tuple(p[0] for p in pts), tuple(p[1] for p in pts)))
+                if counts:
+                    self.decode[(i, j)] = (tuple(counts), lines)
+        # measured prefixes per chunk index, and chunks (> 0), with and without decodes
+        self.prefixes = {
+            (i, d): [j for j in range(len(kps)) if (i, j) in (self.decode if d else self.alone)]
+            for i in range(len(pcs)) for d in (False, True)
+        }
+        self.chunks = {d: [i for i, pc in enumerate(pcs) if pc > 0 and self.prefixes[(i, d)]] for d in (False, True)}
+        self.pcs, self.kps = pcs, kps
+        self.max_chunk = max(pcs)
+        if not self.chunks[False] or not self.prefixes.get((0, True)) or pcs[0] != 0:
+            raise OperatorProfileError("attention grid needs prefill-only and decode-only points")
+        self.launch_s = min(self.alone[(i, j)] for i in self.chunks[False] for j in self.prefixes[(i, False)])
+        self.contexts = tuple(sorted({kd for _, lines in self.decode.values() for xs, _ in lines for kd in xs}))
+
+    def _cell(self, i: int, j: int, n: float, kd: float) -> float:
+        if not n:
+            return self.alone[(i, j)]
+        counts, lines = self.decode[(i, j)]
+        k0, k1, w, side = bracket(counts, n)
+        if side:
+            self.count("n_decode", side)
+        xs, ys = lines[k0]
+        y0, s0 = lerp(xs, ys, kd)
+        if s0:
+            self.count("kv_decode", s0)
+        if not w:
+            return y0
+        xs, ys = lines[k1]
+        return y0 + w * (lerp(xs, ys, kd)[0] - y0)
+
+    def _row(self, i: int, prefix: float, n: float, kd: float) -> float:
+        js = self.prefixes[(i, bool(n))]
+        a, b, w, side = bracket([self.kps[j] for j in js], prefix)
+        if side:
+            self.count("kv_prefill", side)
+        y0 = self._cell(i, js[a], n, kd)
+        return y0 + w * (self._cell(i, js[b], n, kd) - y0) if w else y0
+
+    def _chunk(self, chunk: float, prefix: float, n: float, kd: float) -> float:
+        if chunk <= 0:
+            return self._row(0, 0.0, n, kd)
+        idx = self.chunks[bool(n)]
+        a, b, w, side = bracket([self.pcs[i] for i in idx], chunk)
+        if side:
+            self.count("prefill_chunk", side)
+        y0 = self._row(idx[a], prefix, n, kd)
+        return y0 + w * (self._row(idx[b], prefix, n, kd) - y0) if w else y0
+
+    def time(self, chunk: float, prefix: float, n: float, kd: float) -> float:
+        """Seconds of one chunk of ``chunk`` new tokens over ``prefix`` cached ones plus
+        ``n`` decoding sequences holding ``kd`` tokens each (0: none)."""
+        big = self.max_chunk
+        if chunk <= big:
+            return self._chunk(chunk, prefix, n, kd)
+        # Longer than measured: consecutive chunks of the largest size, decodes ride the last.
+        self.count("prefill_chunk", 1)
+        sizes = [big] * int(chunk // big)
+        if chunk - len(sizes) * big > 0:
+            sizes.append(chunk - len(sizes) * big)
+        t, done = 0.0, prefix
+        for m, c in enumerate(sizes):
+            last = m == len(sizes) - 1
+            t += self._chunk(c, done, n if last else 0, kd if last else 0.0)
+            done += c
+        return t
+
+
+class ProfiledCostModel(CostModel):
+    """Step times from a measured operator profile; swaps and copies from the roofline."""
+
+    def __init__(
+        self,
+        profile: OperatorProfile,
+        model: ModelSpec,
+        gpu: GPUSpec,
+        tensor_parallel: int = 1,
+        block_size: int = 16,
+        kernel: str = "paged",
+        *,
+        pcie: str | None = None,
+        swap_batched: bool = False,
+        step_overhead_s: float = 0.0,
+        check_model: bool = True,
+    ):
+        self.profile, self.model, self.gpu, self.tp = profile, model, gpu, tensor_parallel
+        self.block_size, self.kernel = block_size, kernel
+        self.step_overhead_s = step_overhead_s
+        if check_model:
+            check_profile_model(profile, model)
+        self.out_of_grid: Counter[str] = Counter()  # "axis<" / "axis>" -> lookups outside the grid
+        if tensor_parallel in profile.tp:
+            tables, scale = profile.tp[tensor_parallel], 1.0
+            self.tp_source = f"tp{tensor_parallel} tables"
+        else:
+            tables, scale = profile.tp[1], 1.0 / tensor_parallel
+            self.tp_source = f"tp1 tables / {tensor_parallel} (sharded operators)" if tensor_parallel > 1 \
+                else "tp1 tables"
+        stable = set(profile.tp_stable)
+
+        def share(op: str) -> float:
+            return 1.0 if op in stable else scale
+
+        layers = model.num_layers
+        weights = {op: layers * c * share(op) for op, c in profile.per_layer.items() if c}
+        for op in profile.per_step:
+            weights[op] = weights.get(op, 0.0) + share(op)
+        self._dense = _combine({op: tables.dense[op] for op in weights}, weights)
+        self._per_seq = _combine(tables.per_sequence, {op: share(op) for op in tables.per_sequence})
+        self._attn = _Attention(tables.attention, scale, self._count)
+        self._layers = layers
+        # Two ring all-reduces per layer of tokens x hidden activations over the GPU's link.
+        if tensor_parallel > 1:
+            ring = 2 * (tensor_parallel - 1) / tensor_parallel
+            self._ar_fixed = 2 * layers * gpu.link_latency_s
+            self._ar_token = 2 * layers * ring * model.hidden_size * model.dtype_bytes / gpu.link_bandwidth
+        else:
+            self._ar_fixed = self._ar_token = 0.0
+        self._roofline = RooflineCostModel(model, gpu, tensor_parallel, block_size, kernel,
+                                           RooflineParams(swap_batched=swap_batched), pcie)
+        # Decode-only steps are affine in the mean context between these (breaks of every line).
+        self._kd = tuple(sorted({kd for xs, _ in self._attn.decode[(0, 0)][1] for kd in xs}))
+        self._dense_cache: dict[int, float] = {}
+        self._seq_cache: dict[int, float] = {}
+        self._segments: dict[tuple[int, int], tuple[float, float]] = {}
+
+    # --- bookkeeping -------------------------------------------------------------------
+    def _count(self, axis: str, side: int) -> None:
+        key = f"{axis}{'<' if side < 0 else '>'}"
+        if key not in self.out_of_grid:
+            warnings.warn(
+                f"profile {self.profile.name}: {axis} {'below' if side < 0 else 'above'} the measured grid; "
+                f"{'clamped to the smallest point' if side < 0 else 'extrapolated'} (counted in out_of_grid)",
+                ProfileExtrapolationWarning, stacklevel=4)
+        self.out_of_grid[key] += 1
+
+    # --- parts (seconds) ---------------------------------------------------------------
+    def dense_time(self, tokens: int) -> float:
+        """All dense operators of the step (every layer's and the once-per-step ones)."""
+        t = self._dense_cache.get(tokens)
+        if t is None:
+            t, side = lerp(self._dense[0], self._dense[1], tokens)
+            if side:
+                self._count("tokens", side)
+            if len(self._dense_cache) >= _CACHE_LIMIT:
+                self._dense_cache.clear()
+            self._dense_cache[tokens] = t
+        return t
+
+    def per_sequence_time(self, sequences: int) -> float:
+        """LM head and sampler over the sampled sequences."""
+        if sequences <= 0:
+            return 0.0
+        t = self._seq_cache.get(sequences)
+        if t is None:
+            t, side = lerp(self._per_seq[0], self._per_seq[1], sequences)
+            if side:
+                self._count("sequences", side)
+            if len(self._seq_cache) >= _CACHE_LIMIT:
+                self._seq_cache.clear()
+            self._seq_cache[sequences] = t
+        return t
+
+    def attention_time(self, shape: BatchShape) -> float:
+        """All layers' attention for the step's mix (see the module docstring)."""
+        n = shape.decode_seqs
+        kd = shape.decode_context / n if n else 0.0
+        s = shape.prefill_seqs
+        if shape.prefill_tokens <= 0 or s <= 0:
+            return self._layers * self._attn.time(0, 0.0, n, kd) if n else 0.0
+        c = shape.prefill_tokens / s
+        prefix = max(0.0, (shape.prefill_attn_pairs / s - c * (c + 1) / 2) / c)
+        t = self._attn.time(c, prefix, n, kd)
+        if s > 1:
+            t += (s - 1) * max(0.0, self._attn.time(c, prefix, 0, 0.0) - self._attn.launch_s)
+        return self._layers * t
+
+    def allreduce_time(self, tokens: int) -> float:
+        return self._ar_fixed + self._ar_token * tokens if tokens else 0.0
+
+    # --- CostModel ---------------------------------------------------------------------
+    def step_time(self, shape: BatchShape) -> float:
+        tokens = shape.num_tokens
+        if tokens == 0:
+            return 0.0
+        return (self.dense_time(tokens) + self.per_sequence_time(shape.prefill_seqs + shape.decode_seqs)
+                + self.attention_time(shape) + self.allreduce_time(tokens) + self.step_overhead_s)
+
+    def decode_segment(self, num_seqs: int, context: int) -> tuple[float, float, int]:
+        """``(a, b, iterations)``: a decode-only step of ``num_seqs`` sequences holding
+        ``context`` tokens in all lasts ``a + b * context``, and stays affine for this and
+        the next ``iterations - 1`` steps (context growing by ``num_seqs`` per step).
+
+        Linear interpolation along the decode context makes a decode step piecewise affine
+        in its mean context ``context / num_seqs``, with breaks at the measured contexts; a
+        segment ends at the next one.
+        """
+        n = num_seqs
+        kds = self._kd
+        j = bisect.bisect_right(kds, context / n)  # segment: kds[j-1] <= mean < kds[j]
+        key = (n, j)
+        ab = self._segments.get(key)
+        if ab is None:
+            hi = kds[j] if j < len(kds) else kds[-1] + 1  # above the grid: the extrapolated line
+            t_hi = self.step_time(BatchShape(decode_seqs=n, decode_context=n * hi))
+            if j == 0:  # below the smallest measured context the time is flat (clamped)
+                b = 0.0
+            else:
+                lo = kds[j - 1]
+                b = (t_hi - self.step_time(BatchShape(decode_seqs=n, decode_context=n * lo))) / (n * (hi - lo))
+            ab = (t_hi - b * n * hi, b)
+            if len(self._segments) >= _CACHE_LIMIT:
+                self._segments.clear()
+            self._segments[key] = ab
+        if j < len(kds):
+            span = (n * kds[j] - context) // n + 1
+        else:
+            span = sys.maxsize
+        return ab[0], ab[1], max(1, int(span))
+
+    def decode_coefficients(self, num_seqs: int) -> tuple[float, float]:
+        """The affine form of the first context segment only (decode steps are piecewise
+        affine here: use ``decode_segment``)."""
+        a, b, _ = self.decode_segment(num_seqs, num_seqs * self._kd[0])
+        return a, b
+
+    def swap_time(self, num_blocks: int, num_slots: int | None = None) -> float:
+        return self._roofline.swap_time(num_blocks, num_slots)
+
+    def copy_time(self, num_blocks: int) -> float:
+        return self._roofline.copy_time(num_blocks)
+
+
+def _combine(tables: dict[str, Table1D], weights: dict[str, float]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """One table holding ``sum(weight x table)`` on the union of the tables' points.
+
+    Exact for linear interpolation inside the grid (a sum of piecewise-linear functions is
+    piecewise linear on the union of their breaks), and beyond the last point when the
+    tables share their points (as measured bundles do: one token grid for all operators).
+    """
+    xs = sorted({x for t in tables.values() for x in t.x})
+    ys = [sum(w * lerp(tables[op].x, tables[op].seconds, x)[0] for op, w in weights.items()) for x in xs]
+    return tuple(xs), tuple(ys)
+
+
+def check_profile_model(profile: OperatorProfile, model: ModelSpec) -> None:
+    """Refuse a profile measured for other shapes than the configured model's."""
+    pm = profile.model
+    mine = {"num_heads": model.num_heads, "num_kv_heads": model.num_kv_heads,
+            "ffn_size": model.ffn_size, "vocab_size": model.vocab_size}
+    diff = [f"{k} {pm[k]} vs {v}" for k, v in mine.items() if pm.get(k) != v]
+    if diff:
+        raise OperatorProfileError(
+            f"cost_model.profile: {profile.name} was measured for {pm.get('name')} shapes; model "
+            f"{model.name} differs ({', '.join(diff)}): choose a profile of this model")
+
+
+def profiled_cost_factory(profile: str | Path, base_dir: str | Path | None, model: ModelSpec, gpu: GPUSpec,
+                          tensor_parallel: int = 1, block_size: int = 16, kernel: str = "paged",
+                          **options) -> Callable[[], ProfiledCostModel]:
+    """A factory of cost models (one per replica) on the profile a config names; the
+    profile is read and checked against the model once, here, so a bad one fails early."""
+    prof = load_profile(profile, base_dir)
+    check_profile_model(prof, model)
+    return lambda: ProfiledCostModel(prof, model, gpu, tensor_parallel, block_size, kernel,
+                                     check_model=False, **options)

@@ -1,0 +1,791 @@
+"""The reference engine: vLLM v0's scheduling rules, one SimPy step per iteration.
+
+This is the oracle the fast engine (``simulator.engine`` with its scheduler, macro-steps,
+lazy block tables and closed forms) is tested against, and the place to learn the rules
+(DESIGN.md, "Engine and scheduler" and "Performance principle, and the reference"). It
+shares only plain data with the fast path: ``traces.Request``, the config, the cost
+model and the decoding models (sample lengths, beam parent choice). The allocators are
+``policies.reference_paged`` and ``policies.reference_contiguous``.
+
+Each replica's engine is the loop it simulates::
+
+    while there is work:
+        step = replica.schedule(now)        # pick the batch, allocate KV
+        record the step's memory
+        yield env.timeout(step time)        # the GPU computes it
+        replica.complete(step, now)         # every sequence in it gains a token
+
+The rules of ``schedule`` (vLLM v0):
+
+1. Nothing swapped out (and, with request-level batching, nothing running): admit waiting
+   groups first come first served while ``max_num_seqs``, ``max_num_batched_tokens`` and
+   free memory above the watermark allow. A step that admits prompts is prefill-only.
+2. Otherwise a decode step: oldest first, every running group appends one slot per
+   sequence; when memory runs out, preempt the latest-arrived running group (all its
+   sequences), repeatedly, until the rest fit.
+3. If nothing was preempted, swapped-out groups come back oldest first while
+   ``max_num_seqs`` and free memory above the watermark (plus a slot per sequence) allow;
+   they decode in the same step.
+
+Preemption: a multi-sequence group is swapped (its samples or beams cannot be recomputed
+from the prompt alone); a single sequence is recomputed under ``recompute`` and ``auto``,
+swapped under ``swap``. A recomputed group rejoins the front of the waiting queue with
+its generated tokens folded into its prompt. When the CPU pool is full a swap falls back
+to recomputation, or aborts the request (``abort``, and always for multi-sequence groups).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import simpy
+
+from policies.reference_contiguous import REFERENCE_PRESETS, ReferenceContiguousAllocator
+from policies.reference_paged import FRAGMENTED, NEVER, OK, ReferencePagedAllocator
+from simulator.capacity import swap_slots
+from simulator.config import ExperimentConfig
+from simulator.cost_model.base import BatchShape, CostModel
+from simulator.cost_model.roofline import RooflineCostModel, RooflineParams
+from simulator.decoding import beam_parent_counts, sample_targets
+from traces import Request
+
+CLASSES = (
+    "token_states",
+    "reserved",
+    "internal_frag",
+    "external_frag",
+    "stranded_free",
+    "idle_free",
+)
+
+
+class ReferenceStalled(RuntimeError):
+    """Work remains but nothing can ever be scheduled."""
+
+
+# --- a request in flight ----------------------------------------------------------------
+@dataclass(eq=False)
+class Group:
+    """One request's live sequences (one, ``n`` samples or beams) and its story (seconds)."""
+
+    request: Request
+    seqs: list[int]  # live sequences, best beam first
+    targets: dict[int, int]  # sequence -> output tokens it generates in all
+    prompt_len: int  # tokens the next prefill computes (grows on recompute)
+    prefix: list[Hashable]  # names of the prompt's leading full blocks (prefix caching)
+    generated: int = 0  # output tokens per live sequence so far
+    status: str = "waiting"
+    recomputing: bool = False
+    scheduled_s: float | None = None
+    first_token_s: float | None = None
+    last_token_s: float = 0.0  # when its sequences last gained a token
+    finish_s: float | None = None
+    preemptions: int = 0
+    recomputed_tokens: int = 0
+    swapped_out_blocks: int = 0
+    swapped_in_blocks: int = 0
+    cached_tokens: int = 0
+    reason: str | None = None
+
+    @property
+    def key(self) -> tuple[float, int]:
+        return (self.request.arrival_time, self.request.request_id)
+
+    def final_len(self, s: int) -> int:
+        """Tokens the sequence finally stores: prompt + output - 1 (the last token's KV is
+        never written)."""
+        return self.request.prompt_tokens + self.targets[s] - 1
+
+
+def prompt_block_names(request: Request, block_size: int) -> list[Hashable]:
+    """Names of the prompt's leading full blocks that other requests may share: a Mooncake
+    hash id names ``hash_block_tokens`` tokens; a ``prefix_id`` its ``prefix_tokens``."""
+    if request.hash_ids:
+        hb = request.hash_block_tokens
+        if hb % block_size:
+            raise ValueError(
+                f"block size {block_size} does not divide the trace's hash block of {hb} tokens"
+            )
+        covered = min(len(request.hash_ids) * hb, request.prompt_tokens)
+        return [
+            ("hash", request.hash_ids[j * block_size // hb], j * block_size % hb)
+            for j in range(covered // block_size)
+        ]
+    if request.prefix_id is not None and request.prefix_tokens:
+        shared = min(request.prefix_tokens, request.prompt_tokens)
+        return [("prefix", request.prefix_id, j) for j in range(shared // block_size)]
+    return []
+
+
+@dataclass
+class Step:
+    """One iteration's batch and the memory traffic it caused."""
+
+    prefill: list[Group] = field(default_factory=list)
+    decode: list[Group] = field(default_factory=list)
+    prefill_tokens: int = 0  # prompt tokens computed (cached ones excluded)
+    prefill_pairs: float = 0.0  # attention query-key pairs of the prefills (causal)
+    recompute_tokens: int = 0
+    cached_tokens: int = 0
+    decode_seqs: int = 0
+    decode_context: int = 0  # tokens the decode sequences attend to
+    preempted_swap: int = 0
+    preempted_recompute: int = 0
+    aborted: int = 0
+    swap_out_blocks: int = 0
+    swap_in_blocks: int = 0
+    swap_out_slots: int = 0
+    swap_in_slots: int = 0
+    cow_copies: int = 0
+
+    @property
+    def preempted(self) -> int:
+        return self.preempted_swap + self.preempted_recompute + self.aborted
+
+    def shape(self) -> BatchShape:
+        return BatchShape(
+            prefill_seqs=len(self.prefill),
+            prefill_tokens=self.prefill_tokens,
+            prefill_attn_pairs=self.prefill_pairs,
+            decode_seqs=self.decode_seqs,
+            decode_context=self.decode_context,
+        )
+
+
+@dataclass(frozen=True)
+class Rules:
+    """What one replica's scheduler decides by (tokens, slots)."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_seq_len: int
+    watermark_slots: int
+    request_level_batching: bool
+    preemption: str  # recompute | swap | auto
+    swap_fallback: str  # recompute | abort
+    sample_lengths: str
+    beam_concentration: float
+
+
+# --- one replica's scheduler ----------------------------------------------------------------
+class ReferenceReplica:
+    """The waiting, running and swapped queues of one replica, and its allocator."""
+
+    def __init__(
+        self,
+        index: int,
+        alloc,
+        cost: CostModel,
+        rules: Rules,
+        seed: int,
+        on_end: Callable[[Group, int], None],
+    ):
+        self.index, self.alloc, self.cost, self.rules = index, alloc, cost, rules
+        self.on_end = on_end
+        self.rng = np.random.default_rng(seed)
+        self.waiting: deque[Group] = deque()
+        self.running: list[Group] = []  # by arrival
+        self.swapped: list[Group] = []  # by arrival
+        self.blocked: str | None = None  # why the head of the waiting queue was not admitted
+        self.next_seq = 0
+        self.now = 0.0
+        self.outstanding_tokens = 0  # prompt + output tokens of requests not yet ended
+        self.wake_event: simpy.Event | None = None
+        self.itl: list[tuple[float, int]] = []  # (gap between a sequence's tokens, s; sequences)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.swapped)
+
+    def add(self, request: Request, now: float) -> None:
+        """A request arrives: it waits, or is rejected if it can never run."""
+        self.now = now
+        k, rules = request.num_seqs, self.rules
+        seqs = list(range(self.next_seq, self.next_seq + k))
+        self.next_seq += k
+        if k > 1 and request.beam_width == 1:
+            outputs = sample_targets(request, rules.sample_lengths, self.rng, rules.max_seq_len)
+        else:
+            outputs = [request.output_tokens] * k
+        prefix = (
+            prompt_block_names(request, self.alloc.block_size)
+            if getattr(self.alloc, "prefix_caching", False)
+            else []
+        )
+        g = Group(request, seqs, dict(zip(seqs, outputs)), request.prompt_tokens, prefix)
+        longest = request.prompt_tokens + max(outputs)
+        if k > rules.max_num_seqs:
+            self.end(g, "rejected", f"{k} sequences exceed max_num_seqs {rules.max_num_seqs}")
+        elif longest > rules.max_seq_len:
+            self.end(
+                g,
+                "rejected",
+                f"prompt + output = {longest} tokens exceeds max_seq_len {rules.max_seq_len}",
+            )
+        else:
+            self.waiting.append(g)
+
+    # --- one iteration ------------------------------------------------------------------------
+    def schedule(self, now: float) -> Step:
+        self.now = now
+        step = Step()
+        if not self.swapped and not (self.rules.request_level_batching and self.running):
+            self.admit(step)
+            if step.prefill:
+                return step  # prefill-only
+        elif self.waiting:
+            self.blocked = "swapped" if self.swapped else "batch"
+        self.decode(step)
+        return step
+
+    def admit(self, step: Step) -> None:
+        """Rule 1: FCFS admission under the batch limits and the watermark."""
+        alloc, rules = self.alloc, self.rules
+        self.blocked = None
+        seqs = sum(len(g.seqs) for g in self.running)
+        while self.waiting:
+            g = self.waiting[0]
+            finals = [g.final_len(s) for s in g.seqs]
+            verdict = alloc.can_admit(g.prompt_len, finals, rules.watermark_slots, g.prefix)
+            if verdict == NEVER:
+                self.waiting.popleft()
+                self.end(
+                    g, "rejected", f"needs more KV slots than the whole cache ({alloc.capacity})"
+                )
+                continue
+            if verdict != OK:
+                self.blocked = verdict
+                return
+            if (
+                step.prefill_tokens + g.prompt_len > rules.max_num_batched_tokens
+                or seqs + len(g.seqs) > rules.max_num_seqs
+            ):
+                self.blocked = "limits"
+                return
+            self.waiting.popleft()
+            cached = alloc.admit(g.seqs, g.prompt_len, finals, g.prefix)
+            new = g.prompt_len - cached
+            g.cached_tokens = cached
+            step.cached_tokens += cached
+            step.prefill_tokens += new
+            # Causal attention: new token i attends to the cached tokens and i new ones.
+            step.prefill_pairs += new * cached + new * (new + 1) / 2
+            if g.recomputing:
+                step.recompute_tokens += new
+                g.recomputing = False
+            seqs += len(g.seqs)
+            self.start_running(g)
+            step.prefill.append(g)
+
+    def decode(self, step: Step) -> None:
+        """Rules 2 and 3: every running sequence appends a slot; preempt; swap in."""
+        alloc = self.alloc
+        copied_before = alloc.copied_blocks
+        for g in self.running:
+            if g.request.beam_width > 1:
+                self.choose_beams(g, self.rng.random(len(g.seqs)).tolist())
+        queue, kept = deque(self.running), []
+        while queue:
+            g = queue.popleft()
+            while not alloc.can_append(g.seqs):
+                victim = queue.pop() if queue else g  # the latest-arrived running group
+                self.preempt(victim, step)
+                if victim is g:
+                    break
+            else:
+                alloc.append(g.seqs)
+                kept.append(g)
+        self.running = kept
+        if self.swapped and not step.preempted:
+            self.swap_in(step)
+        step.decode = list(self.running)
+        step.decode_seqs, step.decode_context = alloc.resident()
+        step.cow_copies = alloc.copied_blocks - copied_before
+
+    def choose_beams(self, g: Group, uniforms: list[float]) -> None:
+        """Beam search: each next beam picks a parent among the current ones (best first);
+        a beam nobody picked dies, one picked m times forks m - 1 times into dead beams' places."""
+        counts = beam_parent_counts(self.rules.beam_concentration, uniforms)
+        dead = [s for s, m in zip(g.seqs, counts) if m == 0]
+        if not dead:
+            return
+        if not self.alloc.shares_memory:  # regions stay put: a dead beam's region gets a copy
+            children = [s for s, m in zip(g.seqs, counts) for _ in range(m - 1)]
+            for src, dst in zip(children, dead):
+                self.alloc.copy_into(src, dst)
+            return
+        final = g.final_len(g.seqs[0])  # all beams have the request's output length
+        beams, free_places = [], iter(dead)
+        for s, m in zip(g.seqs, counts):
+            if m:
+                beams.append(s)
+            for _ in range(m - 1):
+                child = next(free_places)
+                self.alloc.fork_into(s, child, final)
+                beams.append(child)
+        g.seqs = beams
+
+    def swap_in(self, step: Step) -> None:
+        """Rule 3: swapped-out groups come back oldest first while ``max_num_seqs`` allows and
+        the blocks they bring plus a slot per sequence leave the watermark free; they decode
+        in this same step. A group that could never fit again is aborted."""
+        alloc, rules = self.alloc, self.rules
+        seqs = sum(len(g.seqs) for g in self.running)
+        while self.swapped:
+            g = self.swapped[0]
+            if seqs + len(g.seqs) > rules.max_num_seqs:
+                return
+            room = rules.watermark_slots + len(g.seqs) * alloc.block_size  # and a slot per sequence
+            verdict = alloc.can_swap_in(g.seqs, room)
+            if verdict == NEVER:
+                self.swapped.pop(0)
+                self.free_all(g)
+                self.end(g, "aborted", "swapped-out group can no longer fit in GPU memory")
+                continue
+            if verdict != OK:
+                return
+            self.swapped.pop(0)
+            blocks, slots = alloc.swap_in(g.seqs)
+            g.swapped_in_blocks += blocks
+            step.swap_in_blocks += blocks
+            step.swap_in_slots += slots
+            assert alloc.can_append(g.seqs), "swap-in left no room for the next token"
+            alloc.append(g.seqs)
+            seqs += len(g.seqs)
+            self.start_running(g)
+
+    def preempt(self, g: Group, step: Step) -> None:
+        """Take a running group (all its sequences) off the GPU. Several sequences are
+        swapped (samples and beams cannot be recomputed from the prompt alone); a single one
+        is recomputed (``recompute``, ``auto``) or swapped (``swap``). With the CPU pool full:
+        recompute, or abort (``abort``, and always for several sequences). A recomputed group
+        rejoins the front of the waiting queue, its generated tokens folded into its prompt."""
+        g.status = "preempted"
+        g.preemptions += 1
+        if len(g.seqs) > 1:
+            mode = "swap"
+        else:
+            mode = "recompute" if self.rules.preemption == "auto" else self.rules.preemption
+        if mode == "swap":
+            if self.alloc.can_swap_out(g.seqs):
+                blocks, slots = self.alloc.swap_out(g.seqs)
+                g.swapped_out_blocks += blocks
+                step.swap_out_blocks += blocks
+                step.swap_out_slots += slots
+                step.preempted_swap += 1
+                g.status = "swapped"
+                bisect.insort(self.swapped, g, key=lambda x: x.key)
+                return
+            if self.rules.swap_fallback == "abort" or len(g.seqs) > 1:
+                self.free_all(g)
+                self.end(g, "aborted", "CPU swap space exhausted")
+                step.aborted += 1
+                return
+        for s in g.seqs:
+            g.recomputed_tokens += self.alloc.kv_len(s)
+            self.alloc.free(s)
+        g.prompt_len = g.request.prompt_tokens + g.generated
+        g.recomputing = True
+        g.status = "waiting"
+        self.waiting.appendleft(g)
+        step.preempted_recompute += 1
+
+    def start_running(self, g: Group) -> None:
+        g.status = "running"
+        if g.scheduled_s is None:
+            g.scheduled_s = self.now
+        bisect.insort(self.running, g, key=lambda x: x.key)
+
+    # --- after the step -------------------------------------------------------------------------
+    def complete(self, step: Step, now: float) -> None:
+        """Every sequence of the batch gained a token; finished sequences free their memory."""
+        for g in step.prefill + step.decode:
+            if g.first_token_s is None:
+                g.first_token_s = now
+            else:
+                self.itl.append((now - g.last_token_s, len(g.seqs)))
+            g.last_token_s = now
+            g.generated += 1
+        for g in list(self.running):
+            done = [s for s in g.seqs if g.targets[s] <= g.generated]
+            for s in done:
+                self.alloc.free(s)
+                g.seqs.remove(s)
+            if not g.seqs:
+                self.running.remove(g)
+                g.finish_s = now
+                self.end(g, "finished", None)
+
+    def free_all(self, g: Group) -> None:
+        for s in g.seqs:
+            self.alloc.free(s)
+
+    def end(self, g: Group, status: str, reason: str | None) -> None:
+        g.status, g.reason = status, reason
+        if g.finish_s is None:
+            g.finish_s = self.now
+        self.on_end(g, self.index)
+
+
+# --- the simulation ----------------------------------------------------------------------------
+STEP_FIELDS = (
+    (
+        "replica",
+        "start_s",
+        "duration_s",
+        "prefill_tokens",
+        "recompute_tokens",
+        "cached_tokens",
+        "decode_tokens",
+        "batched_requests",
+        "preempted_swap",
+        "preempted_recompute",
+        "aborted",
+        "swap_out_slots",
+        "swap_in_slots",
+        "swap_s",
+        "cow_copies",
+        "waiting",
+        "swapped",
+    )
+    + CLASSES
+    + ("unshared_slots",)
+)
+
+
+@dataclass
+class Totals:
+    """Sums over steps (tokens, seconds, slot-seconds): what a summary is made of."""
+
+    iterations: int = 0
+    busy_s: float = 0.0
+    counters: dict[str, float] = field(default_factory=dict)
+    recompute_time_s: float = 0.0  # each prefill's compute time times its recomputed share
+    allocated_slot_s: float = 0.0
+    unshared_slot_s: float = 0.0
+    measured_s: float = 0.0  # seconds of the steps in the measurement window
+    measured: dict[str, float] = field(default_factory=dict)  # duration x value, in the window
+
+
+def in_window(steps: pd.DataFrame, window) -> np.ndarray:
+    """Which steps the memory averages cover: ``busy`` all; ``saturated`` each replica's steps
+    from its first to its last one starting with a request waiting; (start, end) by start time."""
+    if isinstance(window, tuple):
+        start, end = window
+        keep = np.ones(len(steps), bool)
+        if start is not None:
+            keep &= steps["start_s"].to_numpy() >= start
+        if end is not None:
+            keep &= steps["start_s"].to_numpy() < end
+        return keep
+    if window == "saturated":
+        keep = np.zeros(len(steps), bool)
+        replica, waiting = steps["replica"].to_numpy(), steps["waiting"].to_numpy() > 0
+        for r in set(replica.tolist()):
+            rows = np.flatnonzero(replica == r)  # this replica's steps, in time order
+            waits = rows[waiting[rows]]
+            if len(waits):
+                keep[rows[(rows >= waits[0]) & (rows <= waits[-1])]] = True
+        return keep
+    return np.ones(len(steps), bool)
+
+
+def totals(steps: pd.DataFrame, window) -> Totals:
+    t = Totals()
+    w = steps["duration_s"].to_numpy(float)
+    t.iterations = len(steps)
+    t.busy_s = float(w.sum())
+    for c in (
+        "prefill_tokens",
+        "recompute_tokens",
+        "cached_tokens",
+        "decode_tokens",
+        "preempted_swap",
+        "preempted_recompute",
+        "aborted",
+        "swap_out_slots",
+        "swap_in_slots",
+        "swap_s",
+        "cow_copies",
+    ):
+        t.counters[c] = float(steps[c].sum())
+    for row in steps.itertuples():
+        if row.prefill_tokens:
+            t.recompute_time_s += (
+                row.recompute_tokens / row.prefill_tokens * (row.duration_s - row.swap_s)
+            )
+    t.allocated_slot_s = float(
+        ((steps["token_states"] + steps["reserved"] + steps["internal_frag"]) * w).sum()
+    )
+    t.unshared_slot_s = float((steps["unshared_slots"] * w).sum())
+    keep = in_window(steps, window)
+    t.measured_s = float(w[keep].sum())
+    for c in ("batched_requests",) + CLASSES:
+        t.measured[c] = float((steps[c].to_numpy(float) * w)[keep].sum())
+    return t
+
+
+@dataclass
+class ReferenceResult:
+    requests: pd.DataFrame  # one row per request, by request id
+    steps: pd.DataFrame  # one row per iteration
+    totals: Totals
+    itl: list[tuple[float, int]]  # (gap s, sequences): every inter-token gap of every replica
+    allocators: list
+
+
+def make_reference_allocator(
+    cfg: ExperimentConfig,
+) -> ReferencePagedAllocator | ReferenceContiguousAllocator:
+    """One replica's allocator: paged blocks of ``block_size`` slots, or contiguous regions."""
+    slots, a = cfg.kv_slots, cfg.allocator
+    swap = swap_slots(cfg.hardware.swap_space_gb, cfg.hardware.tensor_parallel, cfg.model.spec)
+    if a.kind == "paged":
+        B = a.block_size
+        return ReferencePagedAllocator(slots // B, B, swap // B, prefix_caching=a.prefix_caching)
+    placement, reservation = (
+        REFERENCE_PRESETS[a.preset][:2] if a.preset else (a.placement, a.reservation)
+    )
+    return ReferenceContiguousAllocator(
+        slots, placement, reservation, a.max_seq_len or cfg.model.context_len, swap
+    )
+
+
+def roofline_cost(cfg: ExperimentConfig) -> CostModel:
+    """The roofline cost model the config asks for (paged or contiguous attention kernel).
+    Other kinds read profiles: pass ``make_cost`` (``simulator.runner.make_cost_factory``)."""
+    c, hw = cfg.cost_model, cfg.hardware
+    if c.kind != "roofline":
+        raise ValueError(
+            f"cost_model.kind {c.kind!r}: the reference builds only 'roofline' itself; "
+            "pass make_cost for the others"
+        )
+    paged = cfg.allocator.kind == "paged"
+    params = RooflineParams(
+        compute_efficiency=c.compute_efficiency,
+        memory_efficiency=c.memory_efficiency,
+        step_overhead_s=c.step_overhead_s,
+        swap_batched=c.swap_batched,
+    )
+    return RooflineCostModel(
+        cfg.model.spec,
+        hw.spec,
+        hw.tensor_parallel,
+        cfg.allocator.block_size if paged else 1,
+        "paged" if paged else "contiguous",
+        params,
+        hw.pcie,
+    )
+
+
+class ReferenceSimulation:
+    """The trace, a router and the replicas' engines in one SimPy environment."""
+
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        requests: Iterable[Request],
+        make_cost: Callable[[], CostModel] | None = None,
+    ):
+        self.cfg, self.requests = cfg, requests
+        self.env = simpy.Environment()
+        allocators = [make_reference_allocator(cfg) for _ in range(cfg.hardware.num_replicas)]
+        rules = Rules(
+            max_num_seqs=cfg.scheduler.max_num_seqs,
+            max_num_batched_tokens=cfg.max_num_batched_tokens,
+            max_seq_len=cfg.model.context_len,
+            watermark_slots=int(cfg.allocator.watermark * allocators[0].capacity),
+            request_level_batching=cfg.scheduler.batching == "request",
+            preemption=cfg.preemption.mode,
+            swap_fallback=cfg.preemption.swap_fallback,
+            sample_lengths=cfg.decoding.sample_lengths,
+            beam_concentration=cfg.decoding.beam_concentration,
+        )
+        make_cost = make_cost or (lambda: roofline_cost(cfg))
+        self.replicas = [
+            ReferenceReplica(i, alloc, make_cost(), rules, cfg.seed, self.record_end)
+            for i, alloc in enumerate(allocators)
+        ]
+        self.overlap_swap = cfg.preemption.overlap_swap
+        self.rows: list[tuple] = []
+        self.ended: list[tuple] = []
+        self.arrivals_done = False
+        self.next_replica = 0
+
+    def pick(self, request: Request) -> ReferenceReplica:
+        """The router: round robin, or the replica with the fewest outstanding tokens."""
+        if self.cfg.scheduler.router == "round_robin":
+            replica = self.replicas[self.next_replica % len(self.replicas)]
+            self.next_replica += 1
+            return replica
+        return min(self.replicas, key=lambda r: (r.outstanding_tokens, r.index))
+
+    def arrivals(self):
+        env = self.env
+        for request in self.requests:
+            if request.arrival_time > env.now:
+                yield env.timeout(request.arrival_time - env.now)
+            replica = self.pick(request)
+            replica.outstanding_tokens += request.prompt_tokens + request.output_tokens
+            replica.add(request, env.now)
+            self.wake(replica)
+        self.arrivals_done = True
+        for replica in self.replicas:
+            self.wake(replica)
+
+    @staticmethod
+    def wake(replica: ReferenceReplica) -> None:
+        if replica.wake_event is not None and not replica.wake_event.triggered:
+            replica.wake_event.succeed()
+
+    def engine(self, replica: ReferenceReplica):
+        env, cost = self.env, replica.cost
+        while True:
+            step = replica.schedule(env.now)
+            if not step.prefill and not step.decode:
+                if step.preempted:  # every running group was preempted: nothing ran; schedule again
+                    continue
+                if replica.has_work and not replica.running:
+                    raise ReferenceStalled(
+                        f"replica {replica.index}: work remains that can never be scheduled"
+                    )
+                if self.arrivals_done and not replica.has_work:
+                    return
+                replica.wake_event = env.event()
+                yield replica.wake_event
+                replica.wake_event = None
+                continue
+            compute = cost.step_time(step.shape())
+            if step.cow_copies:
+                compute += cost.copy_time(step.cow_copies)
+            swap = 0.0
+            if step.swap_out_blocks or step.swap_in_blocks:
+                swap = cost.swap_time(step.swap_out_blocks, step.swap_out_slots) + cost.swap_time(
+                    step.swap_in_blocks, step.swap_in_slots
+                )
+            duration = max(compute, swap) if self.overlap_swap and swap else compute + swap
+            self.record_step(replica, step, env.now, duration, swap)
+            yield env.timeout(duration)
+            replica.complete(step, env.now)
+
+    def record_step(
+        self, replica: ReferenceReplica, step: Step, start: float, duration: float, swap_s: float
+    ) -> None:
+        """The step's row: its work, and memory by class as the step starts (after scheduling)."""
+        m = replica.alloc.memory()
+        waiting = len(replica.waiting)
+        # Why free slots are free: nothing waits (idle); the head of the queue waits although
+        # the free space would hold it, for want of a large enough hole (external
+        # fragmentation); anything else (too little space, watermark, limits, swapped first).
+        external = m.free if waiting and replica.blocked == FRAGMENTED else 0
+        idle = m.free if not waiting else 0
+        stranded = m.free - external - idle
+        self.rows.append(
+            (
+                replica.index,
+                start,
+                duration,
+                step.prefill_tokens,
+                step.recompute_tokens,
+                step.cached_tokens,
+                step.decode_seqs,
+                len(step.prefill) + len(step.decode),
+                step.preempted_swap,
+                step.preempted_recompute,
+                step.aborted,
+                step.swap_out_slots,
+                step.swap_in_slots,
+                swap_s,
+                step.cow_copies,
+                waiting,
+                len(replica.swapped),
+                m.token_states,
+                m.reserved,
+                m.internal_frag,
+                external,
+                stranded,
+                idle,
+                m.unshared,
+            )
+        )
+
+    def record_end(self, g: Group, replica: int) -> None:
+        r = g.request
+        self.replicas[replica].outstanding_tokens -= r.prompt_tokens + r.output_tokens
+        self.ended.append(
+            (
+                r.request_id,
+                replica,
+                g.status,
+                g.reason,
+                r.arrival_time,
+                r.prompt_tokens,
+                r.output_tokens,
+                r.num_seqs,
+                g.generated,
+                sum(g.targets.values()),
+                g.cached_tokens,
+                g.scheduled_s,
+                g.first_token_s,
+                g.finish_s,
+                g.preemptions,
+                g.recomputed_tokens,
+                g.swapped_out_blocks,
+                g.swapped_in_blocks,
+            )
+        )
+
+    def run(self) -> ReferenceResult:
+        self.env.process(self.arrivals())
+        engines = [self.env.process(self.engine(r)) for r in self.replicas]
+        self.env.run(until=simpy.AllOf(self.env, engines))
+        columns = (
+            "request_id",
+            "replica",
+            "status",
+            "reason",
+            "arrival_s",
+            "prompt_tokens",
+            "output_tokens",
+            "num_seqs",
+            "generated_tokens",
+            "total_output_tokens",
+            "cached_prompt_tokens",
+            "scheduled_s",
+            "first_token_s",
+            "finish_s",
+            "preemptions",
+            "recomputed_tokens",
+            "swapped_out_blocks",
+            "swapped_in_blocks",
+        )
+        requests = (
+            pd.DataFrame(self.ended, columns=columns)
+            .sort_values("request_id")
+            .reset_index(drop=True)
+        )
+        for c in ("scheduled_s", "first_token_s", "finish_s"):
+            requests[c] = requests[c].astype(float)
+        steps = pd.DataFrame(self.rows, columns=STEP_FIELDS)
+        itl = [gap for r in self.replicas for gap in r.itl]
+        return ReferenceResult(
+            requests,
+            steps,
+            totals(steps, self.cfg.metrics.measurement_window),
+            itl,
+            [r.alloc for r in self.replicas],
+        )
+
+
+def simulate(
+    cfg: ExperimentConfig,
+    requests: Iterable[Request],
+    make_cost: Callable[[], CostModel] | None = None,
+) -> ReferenceResult:
+    """Run ``requests`` under ``cfg`` with the reference engine and allocators."""
+    return ReferenceSimulation(cfg, requests, make_cost).run()

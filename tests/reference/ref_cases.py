@@ -1,0 +1,150 @@
+"""Hypothesis strategies for differential cases: a small config dict and a few requests.
+
+Every setting the fast path takes a shortcut for is drawn: allocator, placement and
+reservation, block size 1-256, prefix caching, swap space (none, tight, ample), preemption
+mode and fallback, batch limits, watermark, replicas and router, request-level batching,
+measurement windows, parallel samples, beams, shared prefixes and Mooncake hash ids.
+Capacities are given in token slots (Llama-2-7B stores 0.5 MiB per token: 2048 per GiB).
+"""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from traces import Request
+
+SLOTS_PER_GIB = 2048  # Llama-2-7B: 2 (K, V) x 32 layers x 4096 x 2 bytes = 0.5 MiB per token
+BLOCK_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+HASH_BLOCK_TOKENS = 256  # every block size divides it
+
+
+def base_config(max_len: int, kv_slots: int, swap_slots: int) -> dict:
+    return {
+        "model": {"name": "llama-2-7b", "max_seq_len": max_len},
+        "hardware": {
+            "gpu": "a100-80gb",
+            "kv_cache_gb": kv_slots / SLOTS_PER_GIB,
+            "swap_space_gb": swap_slots / SLOTS_PER_GIB,
+        },
+        "workload": {
+            "arrivals": {"kind": "poisson", "rate": 1.0},
+            "num_requests": 1,
+            "lengths": {"kind": "fixed", "prompt_tokens": 1, "output_tokens": 1},
+        },
+    }
+
+
+@st.composite
+def configs(draw) -> dict:
+    max_len = draw(st.sampled_from([128, 256, 512]))
+    # Mostly tight: a few requests fill it, so groups are preempted, swapped and recomputed.
+    kv_slots = draw(
+        st.one_of(
+            st.integers(max_len, 2 * max_len),
+            st.integers(max_len, 2 * max_len),
+            st.integers(max_len, 6 * max_len),
+        )
+    )
+    swap = draw(st.sampled_from([0, max_len // 2, 2 * max_len, 8 * max_len]))
+    cfg = base_config(max_len, kv_slots, swap)
+    if draw(st.booleans()):
+        B = draw(st.sampled_from([b for b in BLOCK_SIZES if b <= kv_slots]))
+        cfg["allocator"] = {"kind": "paged", "block_size": B, "prefix_caching": draw(st.booleans())}
+        batching = draw(st.sampled_from(["iteration", "iteration", "request"]))
+    else:
+        preset = draw(
+            st.sampled_from([None, "orca-max", "orca-pow2", "orca-oracle", "fastertransformer"])
+        )
+        if preset:
+            cfg["allocator"] = {"kind": "contiguous", "preset": preset}
+            batching = "request" if preset == "fastertransformer" else "iteration"
+        else:
+            cfg["allocator"] = {
+                "kind": "contiguous",
+                "placement": draw(
+                    st.sampled_from(["buddy", "buddy_exact", "first_fit", "best_fit"])
+                ),
+                "reservation": draw(st.sampled_from(["max", "pow2", "oracle"])),
+            }
+            batching = draw(st.sampled_from(["iteration", "iteration", "request"]))
+    cfg["allocator"]["watermark"] = draw(st.sampled_from([0.0, 0.01, 0.1]))
+    max_num_seqs = draw(st.sampled_from([1, 2, 3, 4, 8, 256, 256]))
+    budget = draw(st.sampled_from([max_len, max_len + 100, 4 * max_len]))
+    cfg["scheduler"] = {
+        "max_num_seqs": max_num_seqs,
+        "max_num_batched_tokens": max(budget, max_num_seqs),  # a decode step fits the budget
+        "batching": batching,
+        "router": draw(st.sampled_from(["round_robin", "least_outstanding_tokens"])),
+        "macro_steps": draw(st.sampled_from([True, True, True, False])),
+    }
+    cfg["hardware"]["num_replicas"] = draw(st.sampled_from([1, 1, 2, 3]))
+    cfg["preemption"] = {
+        "mode": draw(st.sampled_from(["recompute", "swap", "swap", "auto"])),
+        "swap_fallback": draw(st.sampled_from(["recompute", "abort"])),
+        "overlap_swap": draw(st.sampled_from([False, False, True])),
+    }
+    cfg["decoding"] = {
+        "sample_lengths": draw(st.sampled_from(["same", "independent"])),
+        "beam_concentration": draw(st.sampled_from([0.0, 1.0, 3.0])),
+    }
+    window = draw(st.sampled_from(["busy", "saturated", "explicit"]))
+    if window == "explicit":
+        start = draw(st.sampled_from([None, 0.05, 0.5]))
+        end = draw(st.sampled_from([None, 1.0, 3.0]))
+        if start is None and end is None:
+            end = 0.2
+        cfg["metrics"] = {"window_start_s": start, "window_end_s": end}
+    else:
+        cfg["metrics"] = {"window": window}
+    cfg["metrics"]["step_table"] = draw(st.booleans())
+    cfg["seed"] = draw(st.integers(0, 3))
+    return cfg
+
+
+@st.composite
+def workloads(
+    draw, max_len: int, prefix_caching: bool = False, min_count: int = 1, max_count: int = 16
+) -> list[Request]:
+    count = draw(st.integers(min_count, max_count))
+    kinds = (
+        ["prefix", "hash", "mixed"]
+        if prefix_caching
+        else ["none", "none", "samples", "beams", "prefix", "mixed"]
+    )
+    sharing = draw(st.sampled_from(kinds))
+    requests, t = [], 0.0
+    for i in range(count):
+        t += draw(st.sampled_from([0.0, 0.0, 0.0013, 0.011, 0.011, 0.07, 0.31]))
+        kind = (
+            sharing
+            if sharing != "mixed"
+            else draw(st.sampled_from(["none", "samples", "beams", "prefix", "hash"]))
+        )
+        # A few are too long for the model: rejected on arrival.
+        prompt = draw(
+            st.integers(1, max_len // 2) if draw(st.integers(0, 9)) else st.integers(1, max_len + 8)
+        )
+        output = draw(st.integers(1, max_len // 2))
+        extra: dict = {}
+        if kind == "samples":
+            extra["n"] = draw(st.integers(2, 3))
+        elif kind == "beams":
+            extra["beam_width"] = draw(st.integers(2, 3))
+        elif kind == "prefix":
+            extra["prefix_id"] = f"p{draw(st.integers(0, 2))}"
+            extra["prefix_tokens"] = draw(st.sampled_from([16, 64, 100, prompt, max_len]))
+        elif kind == "hash":
+            blocks = -(-prompt // HASH_BLOCK_TOKENS)
+            extra["hash_ids"] = tuple(
+                draw(st.lists(st.integers(0, 3), min_size=blocks, max_size=blocks))
+            )
+            extra["hash_block_tokens"] = HASH_BLOCK_TOKENS
+        requests.append(Request(i, round(t, 6), prompt, output, **extra))
+    return requests
+
+
+@st.composite
+def cases(draw, max_count: int = 16) -> tuple[dict, list[Request]]:
+    cfg = draw(configs())
+    caching = cfg["allocator"].get("prefix_caching", False)
+    return cfg, draw(workloads(cfg["model"]["max_seq_len"], caching, max_count=max_count))

@@ -1,0 +1,185 @@
+"""The fast engine against the reference engine on random small workloads and configs.
+
+The reference (``simulator.reference``, ``policies.reference_paged``,
+``policies.reference_contiguous``) steps one iteration at a time over real block tables;
+the fast path advances runs of decode steps in closed form over lazy tables. They must
+agree on every request, every step total and every memory class (``ref_compare``).
+
+Examples per run: 60 by default (a few seconds); ``KVSIM_HYPOTHESIS_PROFILE=long`` runs
+3000. A failure prints the shrunk case as code to paste into
+``test_reference_regressions.py``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+import pytest
+from hypothesis import HealthCheck, given, note, settings
+from hypothesis import strategies as st
+from ref_cases import SLOTS_PER_GIB, base_config, cases, configs, workloads
+from ref_compare import assert_same, case_source, differences
+
+from simulator.config import ExperimentConfig
+from simulator.cost_model.roofline import RooflineCostModel
+from simulator.reference import ReferenceReplica, simulate
+from traces import Request
+
+PROFILES = {"default": 60, "long": 3000}
+PROFILE = os.environ.get("KVSIM_HYPOTHESIS_PROFILE", "default")
+if PROFILE not in PROFILES:
+    raise ValueError(f"KVSIM_HYPOTHESIS_PROFILE={PROFILE!r}: allowed are {', '.join(PROFILES)}")
+EXAMPLES = PROFILES[PROFILE]
+
+
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(cases())
+def test_fast_engine_equals_reference(case):
+    config, requests = case
+    note(case_source(config, requests))
+    assert_same(config, requests)
+
+
+@settings(
+    max_examples=max(EXAMPLES // 3, 20), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+@given(
+    configs().filter(lambda c: c["allocator"]["kind"] == "paged"),
+    workloads(256, prefix_caching=True),
+)
+def test_prefix_caching_with_evictions_equals_reference(config, requests):
+    """Shared prefixes and hash ids through a small prefix cache: hits, revivals, LRU evictions."""
+    config = {**config, "allocator": {**config["allocator"], "prefix_caching": True}}
+    config["model"] = {**config["model"], "max_seq_len": 256}
+    config["scheduler"] = {
+        **config["scheduler"],
+        "max_num_batched_tokens": 1024,
+        "max_num_seqs": 256,
+    }
+    config["hardware"] = {
+        **config["hardware"],
+        "kv_cache_gb": max(config["hardware"]["kv_cache_gb"], 256 / SLOTS_PER_GIB),
+    }
+    note(case_source(config, requests))
+    assert_same(config, requests)
+
+
+@settings(
+    max_examples=max(EXAMPLES // 3, 20), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+@given(
+    configs().filter(lambda c: c["allocator"]["kind"] == "paged"),
+    workloads(256, min_count=3),
+    st.sampled_from(["swap", "auto"]),
+    st.sampled_from([0, 64, 512, 4096]),
+    st.integers(256, 320),
+)
+def test_swapping_under_memory_pressure_equals_reference(
+    config, requests, mode, swap_slots, kv_slots
+):
+    """A cache of one or two requests' worth, everything arriving at once: groups are
+    preempted, swapped out (or, when the CPU pool is full, recomputed or aborted) and back."""
+    config = {
+        **config,
+        "model": {**config["model"], "max_seq_len": 256},
+        "preemption": {**config["preemption"], "mode": mode},
+        "hardware": {
+            **config["hardware"],
+            "kv_cache_gb": kv_slots / SLOTS_PER_GIB,
+            "swap_space_gb": swap_slots / SLOTS_PER_GIB,
+        },
+    }
+    config["scheduler"] = {
+        **config["scheduler"],
+        "max_num_batched_tokens": 1024,
+        "max_num_seqs": 256,
+    }
+    config["allocator"] = {
+        **config["allocator"],
+        "block_size": min(config["allocator"]["block_size"], 64),
+    }
+    requests = [
+        replace(
+            r,
+            arrival_time=0.0,
+            prompt_tokens=max(r.prompt_tokens, 60),
+            output_tokens=max(r.output_tokens, 60),
+        )
+        for r in requests
+    ]
+    note(case_source(config, requests))
+    assert_same(config, requests)
+
+
+@settings(
+    max_examples=max(EXAMPLES // 3, 20), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+@given(
+    configs().filter(lambda c: c["allocator"]["kind"] == "contiguous"),
+    workloads(256, min_count=6),
+    st.sampled_from(["buddy", "buddy_exact", "first_fit", "best_fit"]),
+    st.sampled_from(["pow2", "oracle"]),
+    st.integers(300, 900),
+)
+def test_contiguous_placement_under_fragmentation_equals_reference(
+    config, requests, placement, reservation, kv_slots
+):
+    """Regions of many sizes coming and going in a small space: holes form, and the head of
+    the queue waits for a hole although the free total would hold it (external fragmentation)."""
+    config = {
+        **config,
+        "model": {**config["model"], "max_seq_len": 256},
+        "allocator": {
+            "kind": "contiguous",
+            "placement": placement,
+            "reservation": reservation,
+            "watermark": config["allocator"]["watermark"],
+        },
+        "hardware": {**config["hardware"], "kv_cache_gb": kv_slots / SLOTS_PER_GIB},
+    }
+    config["scheduler"] = {
+        **config["scheduler"],
+        "max_num_batched_tokens": 1024,
+        "max_num_seqs": 256,
+        "batching": "iteration",
+    }
+    requests = [replace(r, arrival_time=0.013 * i) for i, r in enumerate(requests)]
+    note(case_source(config, requests))
+    assert_same(config, requests)
+
+
+def test_the_comparison_sees_a_planted_difference(monkeypatch):
+    """The comparison is not vacuous: a reference that recomputes one token too many,
+    or a fast path whose decode steps take longer, is caught."""
+    config = base_config(256, 300, 0)
+    config["allocator"] = {"kind": "paged", "block_size": 16}
+    config["preemption"] = {"mode": "recompute"}
+    requests = [Request(i, 0.0, 120, 100) for i in range(4)]
+    assert differences(config, requests) == []
+    result = simulate(ExperimentConfig.model_validate(config), requests)
+    assert result.requests["preemptions"].sum() > 0, "the case must preempt to test recomputation"
+
+    real = ReferenceReplica.preempt
+
+    def greedy(self, g, step):
+        real(self, g, step)
+        g.recomputed_tokens += 1
+
+    monkeypatch.setattr(ReferenceReplica, "preempt", greedy)
+    assert any("recomputed_tokens" in d for d in differences(config, requests))
+    monkeypatch.undo()
+
+    segment = RooflineCostModel.decode_segment  # what only the fast path's closed-form runs ask
+
+    def slower(self, n, context):
+        a, b, span = segment(self, n, context)
+        return a * 1.01, b, span
+
+    monkeypatch.setattr(RooflineCostModel, "decode_segment", slower)
+    with pytest.raises(AssertionError, match="paste into a regression"):
+        assert_same(config, requests)

@@ -1,0 +1,87 @@
+"""The reference is an oracle only if it shares no mechanics with the fast path, and its
+own books balance."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from ref_cases import cases
+
+from simulator.config import ExperimentConfig
+from simulator.reference import ReferenceReplica, simulate
+
+ROOT = Path(__file__).resolve().parents[2]
+REFERENCE = (
+    "simulator/reference.py",
+    "policies/reference_paged.py",
+    "policies/reference_contiguous.py",
+)
+#: The fast path's machinery: clocks, buckets, lazy tables, closed forms, folded logs.
+FAST = (
+    "simulator.engine",
+    "simulator.scheduler",
+    "simulator.step_log",
+    "simulator.latency_histogram",
+    "simulator.memory_classes",
+    "simulator.metrics",
+    "simulator.runner",
+    "simulator.sequence",
+    "policies.paged_allocator",
+    "policies.contiguous_allocator",
+    "policies.slot_space",
+    "policies.block_pool",
+    "policies.kv_allocator",
+    "policies.reservation",
+)
+
+
+def imported_modules(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+def test_reference_imports_none_of_the_fast_machinery():
+    for file in REFERENCE:
+        used = imported_modules(ROOT / file)
+        bad = sorted(m for m in used if any(m == f or m.startswith(f + ".") for f in FAST))
+        assert not bad, f"{file} imports the fast path's {bad}"
+
+
+def test_the_import_check_sees_a_forbidden_import(tmp_path):
+    planted = tmp_path / "x.py"
+    planted.write_text(
+        "from simulator.scheduler import Scheduler\nimport policies.paged_allocator\n"
+    )
+    assert {"simulator.scheduler", "policies.paged_allocator"} <= imported_modules(planted)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases())
+def test_reference_allocators_balance_their_books_after_every_step(case):
+    config, requests = case
+    checks = []
+    real = ReferenceReplica.complete
+
+    def complete_and_check(self, step, now):
+        real(self, step, now)
+        self.alloc.check()
+        checks.append(1)
+
+    ReferenceReplica.complete = complete_and_check
+    try:
+        result = simulate(ExperimentConfig.model_validate(config), requests)
+    finally:
+        ReferenceReplica.complete = real
+    assert len(checks) == result.totals.iterations
+    for alloc in result.allocators:  # everything ended: all memory is back
+        m = alloc.memory()
+        assert m.token_states == m.reserved == m.internal_frag == 0
+        assert m.free == alloc.capacity

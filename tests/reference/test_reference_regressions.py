@@ -1,0 +1,221 @@
+"""Fixed cases where the fast engine must equal the reference: the shipped real traces and
+the vLLM paper's experiments at reduced size, plus cases hypothesis once shrunk to.
+
+Reduced size: the first requests of each trace, and (where the step count would make the
+reference slow) a smaller KV cache, which also makes requests queue and get preempted.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+from ref_cases import base_config
+from ref_compare import assert_same
+
+from simulator.config import ExperimentConfig, load_config
+from simulator.reference import simulate
+from simulator.runner import make_cost_factory
+from simulator.workload import build_requests
+from traces import Request
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+def load(name: str, *overrides: str):
+    """A shipped config with ``--set``-style overrides, and its workload's requests."""
+    cfg, base_dir = load_config(CONFIGS / name, list(overrides))
+    requests = list(
+        build_requests(
+            cfg.workload, base_dir=base_dir, seed=cfg.seed, max_seq_len=cfg.model.context_len
+        )
+    )
+    return cfg, requests
+
+
+def test_azure_conversation_head_under_memory_pressure():
+    """The quickstart's Azure conversation trace, its first 60 requests, on a KV cache of
+    4096 slots: requests queue, are preempted and recomputed."""
+    cfg, requests = load(
+        "quickstart.yaml",
+        "workload.window.num_requests=60",
+        "hardware.kv_cache_gb=2",
+        "metrics.window=saturated",
+        "scheduler.max_num_seqs=32",
+    )
+    assert len(requests) == 60
+    result = simulate(cfg, requests)
+    assert result.requests["preemptions"].sum() > 0, "the case must exercise preemption"
+    assert_same(cfg, requests)
+
+
+def test_mooncake_synthetic_head_with_prefix_caching():
+    """The Mooncake trace's first 100 requests (hash ids of 512-token blocks, prompts up to
+    ~40K tokens) with prefix caching on a 4 GiB KV cache (32,768 slots; longer requests are
+    rejected), where cached blocks are hit, revived and evicted, and a group is preempted."""
+    cfg, requests = load(
+        "vllm_paper/mooncake_prefix.yaml",
+        "workload.window.num_requests=100",
+        "hardware.kv_cache_gb=4",
+        "model.max_seq_len=32768",
+    )
+    result = simulate(cfg, requests)
+    assert result.totals.counters["cached_tokens"] > 0, "the case must hit the prefix cache"
+    assert sum(a.evictions for a in result.allocators) > 0, "the case must evict cached blocks"
+    assert_same(cfg, requests)
+
+
+@pytest.mark.parametrize("preset", ["orca-max", "orca-pow2", "orca-oracle", None])
+def test_fig2_memory_breakdown_reduced(preset):
+    """Fig. 2's systems (OPT-13B, 12 GiB of KV, ShareGPT-like, 3 req/s, saturated window),
+    the first 40 requests."""
+    kind = (
+        ["allocator.kind=paged"]
+        if preset is None
+        else ["allocator.kind=contiguous", f"allocator.preset={preset}"]
+    )
+    cfg, requests = load(
+        "vllm_paper/opt13b_sharegpt.yaml",
+        "workload.arrivals.rate=3.0",
+        "metrics.window=saturated",
+        "workload.num_requests=40",
+        *kind,
+    )
+    assert_same(cfg, requests)
+
+
+@pytest.mark.parametrize("mode", ["swap", "recompute"])
+@pytest.mark.parametrize("block_size", [1, 16, 256])
+def test_fig19_swap_recompute_reduced(mode, block_size):
+    """Fig. 19b's grid point (OPT-13B, 2.2 req/s, 8 GiB of swap), the first 30 requests on
+    a 2 GiB KV cache so that groups are preempted."""
+    cfg, requests = load(
+        "vllm_paper/opt13b_sharegpt.yaml",
+        "workload.arrivals.rate=2.2",
+        "hardware.swap_space_gb=8",
+        f"preemption.mode={mode}",
+        f"allocator.block_size={block_size}",
+        "workload.num_requests=30",
+        "hardware.kv_cache_gb=2",
+    )
+    result = simulate(cfg, requests)
+    assert result.requests["preemptions"].sum() > 0, "the case must exercise preemption"
+    assert_same(cfg, requests)
+
+
+def test_profiled_cost_model_under_memory_pressure():
+    """The piecewise-affine profiled cost model (decode runs end where its segments end),
+    ShareGPT-like requests on a 1 GiB cache: 60 requests, preempted and recomputed."""
+    cfg = ExperimentConfig.model_validate(
+        {
+            "name": "profiled",
+            "model": {"name": "llama-3.1-8b", "max_seq_len": 4096},
+            "hardware": {"gpu": "rtx4090", "kv_cache_gb": 1.0},
+            "workload": {
+                "arrivals": {"kind": "poisson", "rate": 6.0},
+                "lengths": {"kind": "preset", "name": "sharegpt-paper"},
+                "num_requests": 60,
+            },
+            "scheduler": {"max_num_batched_tokens": 4096},
+            "cost_model": {"kind": "profiled", "profile": "rtx4090-llama-3.1-8b"},
+        }
+    )
+    requests = list(build_requests(cfg.workload, base_dir=CONFIGS, seed=0, max_seq_len=4096))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # short prompts fall below the profile's grid: extrapolated
+        result = simulate(cfg, requests, make_cost_factory(cfg, CONFIGS))
+        assert result.requests["preemptions"].sum() > 0, "the case must exercise preemption"
+        assert_same(cfg, requests)
+
+
+def test_prefix_cache_evicts_the_least_recently_released_block():
+    """Two prefixes are cached and released (p0 first), a unique prompt needs one more
+    block than is free, so one cached block is evicted: p0's, the least recently released.
+    A later p0 request misses, a p1 request hits: both engines must agree on which."""
+    cfg = base_config(64, 64, 0)  # 4 blocks of 16 slots
+    cfg["allocator"] = {"kind": "paged", "block_size": 16, "prefix_caching": True, "watermark": 0.0}
+    cfg["scheduler"] = {"max_num_seqs": 8, "max_num_batched_tokens": 64}
+    requests = [
+        Request(0, 0.0, 16, 1, prefix_id="p0", prefix_tokens=16),  # 1 block, cached
+        Request(1, 0.5, 16, 1, prefix_id="p1", prefix_tokens=16),
+        Request(2, 1.0, 40, 1),  # 3 blocks: 2 free + evict one cached
+        Request(3, 1.5, 17, 1, prefix_id="p1", prefix_tokens=16),
+        Request(4, 2.0, 17, 1, prefix_id="p0", prefix_tokens=16),
+    ]
+    result = simulate(ExperimentConfig.model_validate(cfg), requests)
+    assert result.requests["cached_prompt_tokens"].tolist() == [0, 0, 0, 16, 0]
+    assert_same(cfg, requests)
+
+
+@pytest.mark.parametrize("placement", ["first_fit", "best_fit"])
+def test_placement_decides_external_fragmentation(placement):
+    """400 slots, exact (oracle) regions. Five requests fill the space; the two short ones
+    (120 and 60 slots) finish at once, leaving holes of 120 and 60. A 60-slot region
+    arrives: best fit puts it in the 60 hole, first fit carves the 120 one. A 120-slot
+    region follows: best fit places it; first fit has 120 free slots in two holes of 60,
+    so it waits although the free total would hold it (external fragmentation)."""
+    cfg = base_config(256, 400, 0)
+    cfg["allocator"] = {
+        "kind": "contiguous",
+        "placement": placement,
+        "reservation": "oracle",
+        "watermark": 0.0,
+    }
+    requests = [
+        Request(0, 0.0, 10, 61),
+        Request(1, 0.0, 119, 2),
+        Request(2, 0.0, 10, 61),
+        Request(3, 0.0, 59, 2),
+        Request(4, 0.0, 20, 61),  # regions 70, 120, 70, 60, 80
+        Request(5, 0.1, 30, 31),
+        Request(6, 0.11, 100, 21),
+    ]  # regions 60, 120
+    result = simulate(ExperimentConfig.model_validate(cfg), requests)
+    external = result.totals.measured["external_frag"]
+    waited = result.requests.loc[6, "scheduled_s"] - 0.11
+    if placement == "best_fit":
+        assert external == 0 and waited < 0.02
+    else:
+        assert external > 0 and waited > 0.1
+    assert_same(cfg, requests)
+
+
+def test_a_group_that_preempts_itself_is_swapped_back_or_aborted_not_stalled():
+    """A lone beam group on a 4-block cache: after a beam forks into a dead one's place,
+    both beams share a partly filled last block and each counts a copy, but one block is
+    free, so the group preempts (swaps out) itself. The next step must try to swap it back
+    (here it can never fit again with a slot per beam: aborted), not end the run with
+    'can never be scheduled' (the fast engine once raised SimulationStalled here)."""
+    cfg = base_config(256, 256, 512)
+    cfg["allocator"] = {"kind": "paged", "block_size": 64, "watermark": 0.0}
+    cfg["scheduler"] = {"max_num_seqs": 256, "max_num_batched_tokens": 1024}
+    cfg["preemption"] = {"mode": "swap"}
+    requests = [Request(0, 0.0, 128, 60, beam_width=2)]
+    result = simulate(ExperimentConfig.model_validate(cfg), requests)
+    row = result.requests.iloc[0]
+    assert (row["status"], row["preemptions"], row["reason"]) == (
+        "aborted",
+        1,
+        "swapped-out group can no longer fit in GPU memory",
+    )
+    assert_same(cfg, requests)
+
+
+@pytest.mark.parametrize(("block_size", "mode"), [(1, "recompute"), (16, "swap"), (256, "auto")])
+def test_calibrated_cost_model_with_samples_under_pressure(block_size, mode):
+    """The calibrated cost model (the shipped example A100 profile): 40 requests, a third
+    of them with two parallel samples, on 1,500 slots: preemption, swap traffic whose time
+    depends on the block size, and copy-on-write of the samples' last prompt blocks."""
+    cfg = base_config(512, 1500, 1024)
+    cfg["allocator"] = {"kind": "paged", "block_size": block_size}
+    cfg["preemption"] = {"mode": mode}
+    cfg["cost_model"] = {"kind": "calibrated", "profile": "example-a100-80gb"}
+    lengths = np.random.default_rng(block_size).integers(10, 250, size=(40, 3))
+    requests = [Request(i, 0.02 * i, int(p), int(o), n=2 if k == 0 else 1)
+                for i, (p, o, k) in enumerate(lengths % [1000, 1000, 3])]
+    cfg_model = ExperimentConfig.model_validate(cfg)
+    result = simulate(cfg_model, requests, make_cost_factory(cfg_model, CONFIGS))
+    assert result.requests["preemptions"].sum() > 0, "the case must exercise preemption"
+    assert_same(cfg, requests)
