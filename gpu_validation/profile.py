@@ -58,6 +58,8 @@ from typing import Any
 
 import yaml
 
+from simulator.cost_model.yaml_reader import YamlReader
+
 PROFILE_VERSION = 1
 
 DECODE_FORMULA = "seconds = a + b * kv_bytes + c * seq_heads"
@@ -337,24 +339,10 @@ def read_profile(path: str | Path) -> Profile:
 
 
 # --- validation ----------------------------------------------------------------------------
-class _Reader:
+class _Reader(YamlReader):
     """Pulls typed values out of the parsed YAML, naming ``file: key.path`` on any error."""
 
-    def __init__(self, source: str):
-        self.source = source
-
-    def fail(self, key: str, what: str) -> ProfileError:
-        return ProfileError(f"{self.source}: {key}: {what}")
-
-    def mapping(self, d: Any, key: str) -> dict:
-        if not isinstance(d, dict):
-            raise self.fail(key, f"expected a mapping, got {type(d).__name__}")
-        return d
-
-    def get(self, d: dict, name: str, key: str) -> Any:
-        if name not in d:
-            raise self.fail(f"{key}.{name}" if key else name, "missing")
-        return d[name]
+    error = ProfileError
 
     def number(
         self, d: dict, name: str, key: str, *, minimum: float = 0.0, positive=False

@@ -43,6 +43,8 @@ from typing import Any
 
 import yaml
 
+from simulator.cost_model.yaml_reader import YamlReader
+
 FORMAT_VERSION = 1
 ATTENTION_AXES = ("prefill_chunk", "kv_prefill", "n_decode", "kv_decode")
 PROVENANCE_KEYS = ("source", "gpu", "engine", "date", "licence")
@@ -199,24 +201,10 @@ def find_operator_profile(profile: str | Path, base_dir: str | Path | None = Non
     )
 
 
-class _Reader:
+class _Reader(YamlReader):
     """Typed values out of the parsed YAML; every error names ``file: key.path``."""
 
-    def __init__(self, source: str):
-        self.source = source
-
-    def fail(self, key: str, what: str) -> OperatorProfileError:
-        return OperatorProfileError(f"{self.source}: {key}: {what}")
-
-    def mapping(self, d: Any, key: str) -> dict:
-        if not isinstance(d, dict):
-            raise self.fail(key, f"expected a mapping, got {type(d).__name__}")
-        return d
-
-    def get(self, d: dict, name: str, key: str) -> Any:
-        if name not in d:
-            raise self.fail(f"{key}.{name}" if key else name, "missing")
-        return d[name]
+    error = OperatorProfileError
 
     def ints(self, v: Any, key: str, minimum: int = 0) -> tuple[int, ...]:
         if not isinstance(v, list) or not v:
