@@ -87,6 +87,7 @@ import yaml
 from simulator.config import (
     ConfigError,
     ExperimentConfig,
+    check_name,
     parse_override,
     read_yaml,
     validate_config,
@@ -375,6 +376,10 @@ def load_sweep(
         sweep_name = _command_line_sweep_name(
             str(raw.get("name") or path.stem), set_values, grid_axes, zipped, rate_spec
         )
+    try:  # the sweep's name is a folder: refuse an unsafe one once, where it was written
+        check_name(str(name or sweep_name), "sweep name")
+    except ValueError as e:
+        raise SweepError(f"{where(('name',)) if not name else '--name'}: {e}") from None
     out = (
         output_dir
         or (raw.get("output_dir") if is_sweep_file else None)

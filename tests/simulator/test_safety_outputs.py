@@ -149,6 +149,17 @@ def test_sweep_with_an_unsafe_name_writes_nothing(checkout, tmp_path, capsys):
     assert snapshot(tmp_path) == before
 
 
+def test_sweep_file_with_an_unsafe_name_is_one_line_naming_its_line(checkout, tmp_path, capsys):
+    sweep = checkout / "unsafe-sweep.yaml"
+    sweep.write_text("base: configs/quickstart.yaml\nname: ../../bad\ngrid:\n  seed: [1, 2]\n")
+    before = snapshot(tmp_path)
+    assert main(["sweep", str(sweep), "--workers", "1", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert "unsafe-sweep.yaml:2: sweep name '../../bad' is not a plain folder name" in err[0]
+    assert snapshot(tmp_path) == before
+
+
 # --- outputs that say what is true --------------------------------------------------------
 
 def test_equal_configs_give_byte_identical_results_and_timing_lives_apart(checkout):
