@@ -457,6 +457,21 @@ STEP_FIELDS = (
     + ("unshared_slots",)
 )
 
+# The step columns summed into the totals (tokens, groups, slots, seconds, copies).
+COUNTERS = (
+    "prefill_tokens",
+    "recompute_tokens",
+    "cached_tokens",
+    "decode_tokens",
+    "preempted_swap",
+    "preempted_recompute",
+    "aborted",
+    "swap_out_slots",
+    "swap_in_slots",
+    "swap_s",
+    "cow_copies",
+)
+
 
 @dataclass
 class Totals:
@@ -500,19 +515,7 @@ def totals(steps: pd.DataFrame, window) -> Totals:
     w = steps["duration_s"].to_numpy(float)
     t.iterations = len(steps)
     t.busy_s = float(w.sum())
-    for c in (
-        "prefill_tokens",
-        "recompute_tokens",
-        "cached_tokens",
-        "decode_tokens",
-        "preempted_swap",
-        "preempted_recompute",
-        "aborted",
-        "swap_out_slots",
-        "swap_in_slots",
-        "swap_s",
-        "cow_copies",
-    ):
+    for c in COUNTERS:
         t.counters[c] = float(steps[c].sum())
     for row in steps.itertuples():
         if row.prefill_tokens:

@@ -27,9 +27,9 @@ from gpu_validation.model_shapes import layer_gemms, lm_head_gemm
 from gpu_validation.profile import AffineFit, Profile, ProfileError, read_profile
 from simulator.cost_model.base import BatchShape, CostModel
 from simulator.cost_model.catalogue import GPUSpec, ModelSpec
+from simulator.cost_model.operator_profile import profile_candidates
 from simulator.cost_model.roofline import RooflineParams, allreduce_coefficients
 
-PROFILES_DIR = Path(__file__).resolve().parents[2] / "gpu_validation" / "profiles"
 _CACHE_LIMIT = 65536  # memoised linear-layer times (distinct token counts) before a reset
 
 
@@ -37,11 +37,7 @@ def load_profile_for(profile: str | Path, base_dir: str | Path | None = None) ->
     """Read a profile named in a config: a path (absolute, relative to the working directory
     or to ``base_dir``, the config's folder) or the name of a shipped profile in
     ``gpu_validation/profiles`` (``example-a100-80gb`` or ``example-a100-80gb.yaml``)."""
-    name = Path(profile)
-    candidates = [name]
-    if base_dir is not None and not name.is_absolute():
-        candidates.append(Path(base_dir) / name)
-    candidates += [PROFILES_DIR / name, PROFILES_DIR / f"{name}.yaml"]
+    candidates = profile_candidates(profile, base_dir)
     for path in candidates:
         if path.is_file():
             return read_profile(path)

@@ -182,15 +182,20 @@ def read_operator_profile(path: str | Path) -> OperatorProfile:
     return _CACHE[key]
 
 
-def find_operator_profile(profile: str | Path, base_dir: str | Path | None = None) -> Path:
-    """The file a config's ``cost_model.profile`` names: a path (absolute, relative to the
-    working directory or to ``base_dir``, the config's folder) or a shipped profile's name
-    (``rtx4090-llama-3.1-8b``)."""
+def profile_candidates(profile: str | Path, base_dir: str | Path | None = None) -> list[Path]:
+    """Where a config's ``cost_model.profile`` may be, in the order tried: a path (absolute,
+    relative to the working directory or to ``base_dir``, the config's folder), then a shipped
+    profile's name, with or without ``.yaml`` (both profile kinds are shipped side by side)."""
     name = Path(profile)
     candidates = [name]
     if base_dir is not None and not name.is_absolute():
         candidates.append(Path(base_dir) / name)
-    candidates += [PROFILES_DIR / name, PROFILES_DIR / f"{name}.yaml"]
+    return candidates + [PROFILES_DIR / name, PROFILES_DIR / f"{name}.yaml"]
+
+
+def find_operator_profile(profile: str | Path, base_dir: str | Path | None = None) -> Path:
+    """The file a config's ``cost_model.profile`` names (``rtx4090-llama-3.1-8b``)."""
+    candidates = profile_candidates(profile, base_dir)
     for p in candidates:
         if p.is_file():
             return p

@@ -82,7 +82,11 @@ from simulator.cost_model.operator_profile import (
     find_operator_profile,
     read_operator_profile,
 )
-from simulator.cost_model.roofline import RooflineCostModel, RooflineParams
+from simulator.cost_model.roofline import (
+    RooflineCostModel,
+    RooflineParams,
+    allreduce_coefficients,
+)
 
 _CACHE_LIMIT = 65536  # memoised dense/per-sequence times (distinct counts) before a reset
 
@@ -266,13 +270,8 @@ class ProfiledCostModel(CostModel):
         self._per_seq = _combine(tables.per_sequence, {op: share(op) for op in tables.per_sequence})
         self._attn = _Attention(tables.attention, scale, self._count)
         self._layers = layers
-        # Two ring all-reduces per layer of tokens x hidden activations over the GPU's link.
-        if tensor_parallel > 1:
-            ring = 2 * (tensor_parallel - 1) / tensor_parallel
-            self._ar_fixed = 2 * layers * gpu.link_latency_s
-            self._ar_token = 2 * layers * ring * model.hidden_size * model.dtype_bytes / gpu.link_bandwidth
-        else:
-            self._ar_fixed = self._ar_token = 0.0
+        # Two ring all-reduces per layer over the GPU's link, at the link's own latency.
+        self._ar_fixed, self._ar_token = allreduce_coefficients(model, gpu, tensor_parallel)
         self._roofline = RooflineCostModel(model, gpu, tensor_parallel, block_size, kernel,
                                            RooflineParams(swap_batched=swap_batched), pcie)
         # Decode-only steps are affine in the mean context between these (breaks of every line).
@@ -292,31 +291,27 @@ class ProfiledCostModel(CostModel):
         self.out_of_grid[key] += 1
 
     # --- parts (seconds) ---------------------------------------------------------------
+    def _lookup(self, table: tuple, cache: dict[int, float], axis: str, x: int) -> float:
+        """A 1-D table at ``x``, memoised (bounded), counting lookups outside the grid."""
+        t = cache.get(x)
+        if t is None:
+            t, side = lerp(table[0], table[1], x)
+            if side:
+                self._count(axis, side)
+            if len(cache) >= _CACHE_LIMIT:
+                cache.clear()
+            cache[x] = t
+        return t
+
     def dense_time(self, tokens: int) -> float:
         """All dense operators of the step (every layer's and the once-per-step ones)."""
-        t = self._dense_cache.get(tokens)
-        if t is None:
-            t, side = lerp(self._dense[0], self._dense[1], tokens)
-            if side:
-                self._count("tokens", side)
-            if len(self._dense_cache) >= _CACHE_LIMIT:
-                self._dense_cache.clear()
-            self._dense_cache[tokens] = t
-        return t
+        return self._lookup(self._dense, self._dense_cache, "tokens", tokens)
 
     def per_sequence_time(self, sequences: int) -> float:
         """LM head and sampler over the sampled sequences."""
         if sequences <= 0:
             return 0.0
-        t = self._seq_cache.get(sequences)
-        if t is None:
-            t, side = lerp(self._per_seq[0], self._per_seq[1], sequences)
-            if side:
-                self._count("sequences", side)
-            if len(self._seq_cache) >= _CACHE_LIMIT:
-                self._seq_cache.clear()
-            self._seq_cache[sequences] = t
-        return t
+        return self._lookup(self._per_seq, self._seq_cache, "sequences", sequences)
 
     def attention_time(self, shape: BatchShape) -> float:
         """All layers' attention for the step's mix (see the module docstring)."""

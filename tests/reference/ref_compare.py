@@ -22,7 +22,7 @@ from pathlib import Path
 from simulator.config import ExperimentConfig
 from simulator.engine import Simulation, SimulationStalled
 from simulator.memory_classes import CLASSES
-from simulator.reference import ReferenceStalled, simulate
+from simulator.reference import COUNTERS, ReferenceStalled, simulate
 from simulator.runner import make_allocator_factory, make_cost_factory, scheduler_settings
 from traces import Request
 
@@ -38,19 +38,6 @@ EXACT_COLUMNS = (
     "swapped_in_blocks",
 )
 TIME_COLUMNS = ("scheduled_s", "first_token_s", "finish_s")
-COUNTERS = (
-    "prefill_tokens",
-    "recompute_tokens",
-    "cached_tokens",
-    "decode_tokens",
-    "preempted_swap",
-    "preempted_recompute",
-    "aborted",
-    "swap_out_slots",
-    "swap_in_slots",
-    "swap_s",
-    "cow_copies",
-)
 RTOL = 1e-9
 
 
