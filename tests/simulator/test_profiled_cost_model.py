@@ -376,6 +376,14 @@ def test_num_gpu_blocks_sets_the_kv_capacity_and_is_reported(tmp_path):
     weights = 2 * (32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336) + 2 * 128256 * 4096)
     expected = int((24 * 2**30 * 0.9 - weights - 2**30) // (2 * 32 * 8 * 128 * 2))
     assert validate_config(config(tmp_path)).kv_slots == expected
+    # Computed capacity: the summary counts whole blocks of the configured size.
+    raw = config(tmp_path)
+    raw["allocator"] = {**raw.get("allocator", {}), "block_size": 32}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ProfileExtrapolationWarning)
+        result = run_experiment(validate_config(raw))
+    assert result.summary["kv_num_gpu_blocks"] == expected // 32  # 1,444 whole blocks
+    assert result.summary["kv_capacity_slots"] == expected // 32 * 32
 
 
 def test_roofline_check_reports_the_error_distribution(capsys):
