@@ -24,6 +24,7 @@ run: $(VENV)/.installed
 
 test: $(VENV)/.dev
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports --no-cache
 	TRITON_INTERPRET=1 $(PY) -m pytest
 
 # Mutation testing, not part of `make test` (hours for the whole core on 2 cores; results

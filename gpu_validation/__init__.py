@@ -1,8 +1,9 @@
 """GPU validation: a Triton paged-attention kernel, a GPU block pool and the calibration
 benchmark that writes the profiles the simulator's ``calibrated`` cost model reads.
 
-Importing this package needs neither torch nor triton: the profile format
-(``gpu_validation.profile``) and the model shapes (``gpu_validation.model_shapes``) are
-plain Python so the simulator can read profiles on a laptop. The kernel, pool and
-benchmark modules import torch and triton themselves.
+Importing this package needs neither torch nor triton. The profile format, the GEMM shapes
+and the model catalogue it measures for live in ``simulator.cost_model`` (plain Python: no
+simpy, no pydantic), which this package imports; the simulator never imports this package
+(DESIGN.md "Layout and layering", checked by the import contract in pyproject.toml). The
+kernel, pool and benchmark modules import torch and triton themselves.
 """

@@ -6,7 +6,7 @@ context x block size, GEMMs at the catalogue models' shapes, prefill attention, 
 copy, swap per block and batched), then least-squares fits. Writes to ``--out``
 (default ``gpu_validation/profiles/``):
 
-- ``<gpu-slug>.yaml``: the profile (see ``gpu_validation.profile``);
+- ``<gpu-slug>.yaml``: the profile (format: ``simulator.cost_model.calibration_profile``);
 - ``<gpu-slug>_raw.csv``: every measurement (rewritten after each section, so a run cut
   short still leaves its data);
 - ``<gpu-slug>_summary.json``: the headline numbers (see ``gpu_validation.report``).
@@ -123,12 +123,16 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def refit(profile_path: Path) -> int:
     from gpu_validation.fitting import build_profile
-    from gpu_validation.profile import read_profile, write_profile
+    from simulator.cost_model.calibration_profile import ProfileError, read_profile, write_profile
 
-    old = read_profile(profile_path)
+    try:
+        old = read_profile(profile_path)
+    except ProfileError as e:  # one line, as every kvsim error (this runs as its own program)
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     raw = profile_path.with_name(profile_path.stem + "_raw.csv")
     if not raw.is_file():
-        print(f"kvsim calibrate --refit: {raw} not found", file=sys.stderr)
+        print(f"error: kvsim calibrate --refit: {raw} not found", file=sys.stderr)
         return 2
     new = build_profile(read_rows(raw), old.metadata, old.decode_shape)
     write_profile(new, profile_path)
@@ -164,9 +168,9 @@ def _run(args: argparse.Namespace) -> int:
     from gpu_validation import measurements as M
     from gpu_validation.correctness import CheckSizes, check_decode, run_checks
     from gpu_validation.fitting import build_profile
-    from gpu_validation.profile import ProfileMetadata, write_profile
     from gpu_validation.report import format_summary, hbm_peak_from_name, summarize
     from gpu_validation.timing import Timer
+    from simulator.cost_model.calibration_profile import ProfileMetadata, write_profile
 
     t_start = time.monotonic()
     end = t_start + args.budget_s

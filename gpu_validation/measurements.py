@@ -19,7 +19,6 @@ import torch.nn.functional as F
 
 from gpu_validation.block_copy import copy_blocks
 from gpu_validation.gpu_block_pool import GPUBlockPool
-from gpu_validation.model_shapes import catalogue_gemms
 from gpu_validation.paged_attention import (
     DecodeConfig,
     choose_num_splits,
@@ -28,6 +27,7 @@ from gpu_validation.paged_attention import (
     paged_decode_attention,
 )
 from gpu_validation.timing import Timer
+from simulator.cost_model.gemm_shapes import catalogue_gemms
 
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 

@@ -12,8 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpu_validation.model_shapes import catalogue_gemms
-from gpu_validation.profile import (
+from simulator.cost_model.calibration_profile import (
     AffineFit,
     DecodeFit,
     GemmRoofline,
@@ -24,6 +23,7 @@ from gpu_validation.profile import (
     TransferFit,
     write_profile,
 )
+from simulator.cost_model.gemm_shapes import catalogue_gemms
 
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 GEMM_MS = (1, 8, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)

@@ -9,6 +9,8 @@ very bookkeeping the simulator models.
 
 from __future__ import annotations
 
+from policies.free_block_queue import FreeBlockQueue
+
 
 class OutOfBlocks(RuntimeError):
     """Raised when a block is requested and the pool has none free."""
@@ -121,4 +123,71 @@ class BlockPool:
             assert self._refcount[b] == 0, f"block {b} is free but has refcount {self._refcount[b]}"
         used = sum(1 for r in self._refcount if r > 0)
         assert all(r >= 0 for r in self._refcount), "negative refcount"
+        assert used + len(free) == self.num_blocks, "blocks are not conserved"
+
+
+class QueuedBlockPool(BlockPool):
+    """A block pool whose free blocks wait in vLLM v1's FIFO free queue (see
+    ``policies.free_block_queue``) instead of a LIFO list: freed blocks join the tail,
+    allocations take the head, and a free block can be reclaimed from the middle.
+
+    What a free block *holds* (a cached identity) is its owner's business: the pool
+    only orders blocks and counts holders.
+    """
+
+    __slots__ = ()
+
+    def __init__(self, num_blocks: int, block_size: int):
+        super().__init__(num_blocks, block_size)
+        self._free = FreeBlockQueue(range(num_blocks))  # type: ignore[assignment]  # index order, 0 at the head
+
+    def allocate(self) -> int:
+        if not self._free:
+            raise OutOfBlocks(f"all {self.num_blocks} blocks are in use")
+        block = self._free.popleft()
+        self._refcount[block] = 1
+        return block
+
+    def allocate_many(self, count: int) -> list[int]:
+        if count > len(self._free):
+            raise OutOfBlocks(f"asked for {count} blocks, {len(self._free)} free")
+        taken = self._free.popleft_many(count)
+        rc = self._refcount
+        for b in taken:
+            rc[b] = 1
+        return taken
+
+    def reclaim(self, block: int) -> None:
+        """Take a particular free block out of the queue (a prefix hit on it): refcount 0 -> 1."""
+        self._free.remove(block)
+        self._refcount[block] = 1
+
+    def release(self, block: int) -> bool:
+        rc = self._refcount[block] - 1
+        if rc < 0:
+            raise ValueError(f"block {block} released more often than held")
+        self._refcount[block] = rc
+        if rc == 0:
+            self._free.append(block)
+            return True
+        return False
+
+    def free_exclusive(self, blocks: list[int]) -> None:
+        for b in blocks:
+            if self._refcount[b] != 1:
+                raise ValueError(f"free_exclusive got block {b}, which is shared or already free")
+        for b in blocks:
+            self._refcount[b] = 0
+            self._free.append(b)
+
+    def release_all(self, blocks: list[int]) -> list[int]:
+        return [b for b in blocks if self.release(b)]
+
+    def check(self) -> None:
+        free = list(self._free)
+        assert all(0 <= b < self.num_blocks for b in free), "free queue holds a foreign block"
+        for b in free:
+            assert self._refcount[b] == 0, f"block {b} is free but has refcount {self._refcount[b]}"
+        assert all(r >= 0 for r in self._refcount), "negative refcount"
+        used = sum(1 for r in self._refcount if r > 0)
         assert used + len(free) == self.num_blocks, "blocks are not conserved"

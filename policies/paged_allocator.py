@@ -12,7 +12,9 @@ contents before and including it (a block's identity depends on everything in
 front of it, as in vLLM's hash of parent hash + tokens). The cache itself holds
 one reference to every block it indexes, so a block whose sequences have all
 finished stays valid and reusable; such *unreferenced* cached blocks count as
-free and are evicted least-recently-used first when a block is needed.
+free and are evicted least-recently-used first when a block is needed. (vLLM v1's cache,
+one FIFO free queue and no cache reference, is the subclass in ``policies.v1_prefix_cache``;
+``open_seq`` and ``extend`` grow sequences by prefill chunks for the v1 scheduler.)
 
 Lockstep: a decode step appends one slot to every GPU-resident sequence, so a
 resident sequence stores its length minus a clock, and sequences are bucketed by
@@ -375,6 +377,65 @@ class PagedAllocator(KVAllocator):
                 final[s] = n + 1
             self._enter(s)
         self._token_states += len(seq_ids)
+        return True
+
+    # --- chunked prefill (vLLM v1): sequences grow by any number of tokens --------------
+    def open_seq(self, seq_id: int, cached: list[int], tokens: int, final_len: int) -> None:
+        """Make ``seq_id`` resident holding ``tokens`` slots of KV: the blocks in ``cached``
+        (prefix hits the caller already took, full), then fresh blocks for the rest (the
+        caller checked there are enough). ``tokens`` reaches past ``cached``: at least one
+        token is computed, so the last block is always the sequence's own."""
+        B = self.block_size
+        fresh = self._take_many(-(-tokens // B) - len(cached))
+        assert fresh, "a sequence computes at least one token past its cached blocks"
+        self._filled[fresh[-1]] = tokens - (len(cached) + len(fresh) - 1) * B
+        self._token_states += tokens - len(cached) * B
+        self._tables[seq_id] = cached + fresh
+        self._kv[seq_id] = tokens - self._clock
+        self._final[seq_id] = final_len
+        self._enter(seq_id)
+
+    def blocks_to_extend(self, seq_id: int, tokens: int) -> int:
+        """Blocks ``extend(seq_id, tokens)`` would take."""
+        return -(-(self._kv[seq_id] + self._clock + tokens) // self.block_size) - self._held(seq_id)
+
+    def extend(self, seq_id: int, tokens: int) -> bool:
+        """Add ``tokens`` slots to a resident sequence, all or nothing; False if memory is
+        short. (A v1 sequence's last block is never shared, so nothing is copied.)"""
+        need = self.blocks_to_extend(seq_id, tokens)
+        if need > self.num_free_blocks:
+            return False
+        if not self._ever_shared:
+            self._fill_in(seq_id)
+        self._leave(seq_id)
+        B, table = self.block_size, self._tables[seq_id]
+        if need:
+            self._filled[table[-1]] = B  # full now: fresh blocks follow it
+            table.extend(self._take_many(need))
+        self._kv[seq_id] += tokens
+        self._filled[table[-1]] = self._kv[seq_id] + self._clock - (len(table) - 1) * B
+        self._token_states += tokens
+        self._enter(seq_id)
+        return True
+
+    def extend_all(self, chunks: Sequence[tuple[int, int]] = ()) -> bool:
+        """One slot for every resident sequence, and for each ``(seq, tokens)`` of ``chunks``
+        ``tokens`` in all (a prefill chunk), all or nothing: False, and nothing done, when
+        the free blocks do not hold it all. The lockstep path does the one slot each; only
+        the chunks' sequences are touched one by one."""
+        B, clock, kv = self.block_size, self._clock, self._kv
+        crossing = self._due[-clock % B]
+        need = len(crossing) + len(self._pending_copies())
+        for s, tokens in chunks:  # blocks beyond the one slot's
+            need += -(-(kv[s] + clock + tokens) // B) - self._held(s) - (s in crossing)
+        if need > self.num_free_blocks:
+            return False
+        appended = self.try_append_all()
+        assert appended, "the free blocks were counted"
+        for s, tokens in chunks:
+            if tokens > 1:
+                grown = self.extend(s, tokens - 1)
+                assert grown, "the free blocks were counted"
         return True
 
     def _copy_last(self, table: list[int], off: int) -> int:

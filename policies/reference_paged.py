@@ -33,10 +33,15 @@ the empty slots of its last block up to its final length, if it alone will fill 
 (a shared partly filled last block will be copied: its empty slots are nobody's);
 ``free`` counts free blocks and cached blocks only the cache holds; the rest of the
 allocated slots are ``internal_frag``.
+
+Under ``scheduler.policy: vllm-v1`` the engine uses :class:`ReferenceFreeQueueAllocator`
+instead: vLLM v1's single free queue (freed blocks join its tail last block first, allocation
+takes its head and evicts a cached block lazily there), chunked growth, no swap or forks.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
@@ -345,3 +350,180 @@ class ReferencePagedAllocator:
         assert in_use + len(self.free_list) + len(self.lru) == self.num_blocks, (
             "blocks not conserved"
         )
+
+
+# --- vLLM v1: one free queue, chunked growth, lazy eviction ----------------------------------
+@dataclass
+class ReferenceFreeQueueAllocator:
+    """vLLM v1's KV cache manager, written to be read: ``num_blocks`` blocks of
+    ``block_size`` slots and ONE queue of every free block, cached or not.
+
+    ::
+
+        free queue  head [ 5 ][ 9 ][ 2 ][ 7 ] tail     allocation pops the head,
+                          cached?  .  yes   .   yes    freeing appends to the tail
+        seq 3       -> [4, 0, 8]   kv = 2 * B + 1      (blocks 4 and 0 are full: cached)
+        cache       key -> block   (full blocks only; a key names a block's content and
+                                    everything in front of it: a chain)
+
+    Rules (one place each):
+
+    - A sequence holds ``ceil(kv / B)`` blocks, where ``kv`` is the tokens computed or being
+      computed this step; it grows by any number of tokens (a prefill chunk, a decode).
+    - Freeing a sequence appends its blocks to the tail last block first, so its tail is
+      evicted before its head; a block another sequence still holds stays out of the queue.
+    - Allocation pops the head; a cached block popped there loses its key then (lazy
+      eviction, counted in ``evictions``).
+    - Prefix caching: a full block is registered under its key once, the moment it is full;
+      if another block already holds that key, the first one stays the cached one. A hit on
+      a block in the free queue takes it out of the queue.
+
+    Nothing is swapped, forked or copied: vLLM v1 preempts by recomputation and runs one
+    sequence per request. Memory classes as in :class:`ReferencePagedAllocator`: every block
+    in the free queue (cached or not) is free.
+    """
+
+    num_blocks: int
+    block_size: int
+    prefix_caching: bool = False
+    prefix_lookups: int = field(default=0, init=False)  # full blocks looked up at admission
+    prefix_hits: int = field(default=0, init=False)  # ... and found
+    evictions: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        self.capacity = self.num_blocks * self.block_size
+        self.free_queue: deque[int] = deque(range(self.num_blocks))  # index order at start
+        self.holders: list[int] = [0] * self.num_blocks
+        self.filled: list[int] = [0] * self.num_blocks  # tokens written in each block
+        self.tables: dict[int, list[int]] = {}  # sequence -> its blocks
+        self.kv: dict[int, int] = {}  # sequence -> tokens computed or being computed
+        self.final: dict[int, int] = {}  # sequence -> tokens it will finally store
+        self.offered: dict[int, int] = {}  # sequence -> its leading blocks already registered
+        self.names: dict[tuple[int, Hashable], int] = {}  # (parent key, content) -> key
+        self.cache: dict[int, int] = {}  # key -> the block holding that content
+        self.key_of: dict[int, int] = {}  # block -> its key
+
+    # --- keys ---------------------------------------------------------------------------
+    def chain_key(self, parent: int, content: Hashable) -> int:
+        """The key of a block with ``content`` after the block keyed ``parent`` (-1: first)."""
+        return self.names.setdefault((parent, content), len(self.names))
+
+    def cached_blocks(self, keys: Sequence[int]) -> list[int]:
+        """Blocks of the longest run of leading ``keys`` found in the cache."""
+        hits = []
+        for key in keys:
+            if key not in self.cache:
+                break
+            hits.append(self.cache[key])
+        return hits
+
+    # --- blocks -------------------------------------------------------------------------
+    def num_free(self) -> int:
+        return len(self.free_queue)
+
+    def take(self) -> int:
+        """The head of the free queue; if it is cached, its key is dropped now (evicted)."""
+        block = self.free_queue.popleft()
+        if block in self.key_of:
+            del self.cache[self.key_of.pop(block)]
+            self.evictions += 1
+        self.holders[block] = 1
+        self.filled[block] = 0
+        return block
+
+    def free_blocks_needed(self, hits: Sequence[int], tokens: int) -> int:
+        """Free-queue blocks a new sequence of ``tokens`` slots starting with the cached
+        ``hits`` consumes: its fresh blocks, and the hits that sit in the free queue."""
+        held_hits = sum(1 for b in hits if self.holders[b] > 0)
+        return blocks_for(tokens, self.block_size) - held_hits
+
+    # --- a sequence's life --------------------------------------------------------------------
+    def open(self, s: int, hits: list[int], tokens: int, final: int, looked_up: int) -> None:
+        """Sequence ``s`` starts holding the cached ``hits`` (full blocks) and fresh blocks up
+        to ``tokens`` slots (the caller checked ``free_blocks_needed``); ``looked_up`` full
+        blocks were searched in the cache."""
+        for b in hits:
+            if self.holders[b] == 0:
+                self.free_queue.remove(b)  # a hit on a free cached block revives it
+            self.holders[b] += 1
+        self.prefix_lookups += looked_up
+        self.prefix_hits += len(hits)
+        self.tables[s] = list(hits)
+        self.kv[s] = len(hits) * self.block_size
+        self.final[s] = final
+        self.offered[s] = len(hits)
+        assert self.grow(s, tokens), "the caller checked that the blocks are free"
+
+    def grow(self, s: int, tokens: int) -> bool:
+        """Let ``s`` hold ``tokens`` slots: take the blocks it lacks from the free queue, all
+        or nothing; False if the queue is too short."""
+        B, table = self.block_size, self.tables[s]
+        need = blocks_for(tokens, B) - len(table)
+        if need > len(self.free_queue):
+            return False
+        for _ in range(need):
+            table.append(self.take())
+        for i in range(self.kv[s] // B, len(table)):  # the blocks the new tokens land in
+            self.filled[table[i]] = min(B, tokens - i * B)
+        self.kv[s] = tokens
+        return True
+
+    def register_full_blocks(self, s: int, computed: int, keys: Sequence[int]) -> None:
+        """Prefix caching: the blocks of ``s`` that ``computed`` tokens fill are named by
+        ``keys`` (one per full block); each is offered to the cache once, when it fills."""
+        table = self.tables[s]
+        for j in range(self.offered[s], computed // self.block_size):
+            if keys[j] not in self.cache:  # else another block holds that content: keep it
+                self.cache[keys[j]] = table[j]
+                self.key_of[table[j]] = keys[j]
+        self.offered[s] = max(self.offered[s], computed // self.block_size)
+
+    def free(self, s: int) -> None:
+        """Release every block of ``s``, last block first, to the tail of the free queue."""
+        for b in reversed(self.tables.pop(s)):
+            self.holders[b] -= 1
+            if self.holders[b] == 0:
+                self.free_queue.append(b)
+        del self.kv[s], self.final[s], self.offered[s]
+
+    # --- observation ---------------------------------------------------------------------------
+    def kv_len(self, s: int) -> int:
+        return self.kv[s]
+
+    def memory(self) -> Memory:
+        """Slots by class: written tokens of held blocks (a shared one once), the empty slots
+        of each sequence's own last block up to its final length, the rest of the held
+        slots as internal fragmentation; every queued block is free."""
+        B = self.block_size
+        held = {b for table in self.tables.values() for b in table}
+        token_states = sum(self.filled[b] for b in held)
+        reserved = sum(
+            max(0, min(len(table) * B, self.final[s]) - self.kv[s])
+            for s, table in self.tables.items()
+        )
+        free = len(self.free_queue) * B
+        return Memory(
+            self.capacity,
+            token_states,
+            reserved,
+            self.capacity - free - token_states - reserved,
+            free,
+            sum(len(t) for t in self.tables.values()) * B,
+        )
+
+    def check(self) -> None:
+        """Raise AssertionError unless every block is accounted for exactly once."""
+        held = [0] * self.num_blocks
+        for table in self.tables.values():
+            for b in table:
+                held[b] += 1
+        assert held == self.holders, "holder counts disagree with the block tables"
+        for s, table in self.tables.items():
+            assert len(table) == blocks_for(self.kv[s], self.block_size), f"seq {s}: table length"
+        queued = list(self.free_queue)
+        assert len(set(queued)) == len(queued), "a block is queued twice"
+        assert sorted(queued) == [b for b in range(self.num_blocks) if held[b] == 0], (
+            "the free queue is not exactly the blocks nobody holds"
+        )
+        assert all(self.cache[k] == b for b, k in self.key_of.items()), "cache and keys disagree"
+        assert len(self.cache) == len(self.key_of)

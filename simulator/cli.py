@@ -6,6 +6,7 @@
     kvsim trace stats FILE | trace plot FILE inspect a trace
     kvsim calibrate [...]                    measure a GPU (needs CUDA; see gpu_validation)
     kvsim calibrate --import DIR             import a public operator profile (cost_model.kind: profiled)
+    kvsim validate RUN_FOLDER                replay a measured run and compare (report + figures)
 
 Every user error (bad config, bad trace row, a run that cannot progress) is one
 line on stderr and exit status 2 — never a traceback.
@@ -233,10 +234,42 @@ def _check_address(args: argparse.Namespace) -> None:
                          f"{args.executor} executor runs on this machine")
 
 
-def cmd_calibrate(args: argparse.Namespace) -> int:
-    from gpu_validation.bench import main as bench_main
+def cmd_validate(args: argparse.Namespace) -> int:
+    from simulator.results import check_writable
+    from simulator.validate import validate_run
+    from simulator.validate_report import readme_snippet, write_validation
 
-    return bench_main(args.rest)
+    folder = Path(args.folder)
+    out = Path(args.out) if args.out else None
+    if out is not None:
+        check_writable(out)  # before simulating
+    v = validate_run(folder, workload=args.workload, cost_model=args.cost_model, profile=args.profile,
+                     gpu=args.gpu, model=args.model, overrides=args.set or [])
+    out = out or Path("results") / "validate" / v.folder.name
+    write_validation(v, out, plot=not args.no_plot)
+    if args.readme_snippet:
+        print(readme_snippet(v), end="")
+        return 0
+    print((out / "report.md").read_text(), end="")  # Markdown as written: no terminal wrapping
+    print("replay wall time: " + ", ".join(f"{r.label} {r.wall_s:.2f} s" for r in v.replays))
+    print(f"report:  {out / 'report.md'}")
+    return 0
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    return run_calibration_bench(args.rest)
+
+
+def run_calibration_bench(args: list[str]) -> int:
+    """``kvsim calibrate``: the GPU benchmark runs as its own program, ``python -m
+    gpu_validation.bench``, because the simulator never imports ``gpu_validation`` (DESIGN.md
+    "Layout and layering"). Its output streams through; its error lines are passed on."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-m", "gpu_validation.bench", *args], stderr=subprocess.PIPE,
+                          text=True)
+    sys.stderr.write(done.stderr)
+    return done.returncode
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -313,6 +346,26 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--no-progress", action="store_true", help="no progress bars")
     rep.set_defaults(func=cmd_reproduce)
 
+    va = sub.add_parser("validate", help="replay a measured serving run and compare (report + figures)",
+                        description="Replay a real engine's run (meta.json, requests.jsonl, timeseries.csv and "
+                        "the workload with token ids) with the settings it records, under vllm-v1 and vllm-v0, "
+                        "and write a measured-vs-simulated report. Nothing is fitted to the measurement.")
+    va.add_argument("folder", help="run folder, e.g. gpu_validation/runs/vllm-0.19-rtx4090-llama-3.1-8b")
+    va.add_argument("--workload", help="the workload file (default: meta.json's dataset_path in the folder's "
+                    "workload/)")
+    va.add_argument("--out", help="report folder (default: results/validate/<run name>)")
+    va.add_argument("--cost-model", choices=("profiled", "roofline"), default="profiled",
+                    help="step times from an operator profile (default) or the roofline")
+    va.add_argument("--profile", help="operator profile NAME or PATH (default: the shipped one for the run's "
+                    "GPU and model)")
+    va.add_argument("--gpu", help="catalogue GPU (default: from meta.json's device name)")
+    va.add_argument("--model", help="catalogue model (default: from meta.json's model, or its recorded shape)")
+    va.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a key of every replay")
+    va.add_argument("--no-plot", action="store_true", help="no figures")
+    va.add_argument("--readme-snippet", action="store_true",
+                    help="print the README's 'How close to a real engine' section")
+    va.set_defaults(func=cmd_validate)
+
     cal = sub.add_parser("calibrate", help="measure kernels on a GPU and write a cost-model profile")
     cal.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for python -m gpu_validation.bench")
     cal.set_defaults(func=cmd_calibrate)
@@ -320,32 +373,31 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from gpu_validation.profile import ProfileError
     from simulator.config import ConfigError
+    from simulator.cost_model.calibration_profile import ProfileError
     from simulator.cost_model.operator_profile import OperatorProfileError
     from simulator.engine import SimulationStalled
     from simulator.plot_cli import PlotError
     from simulator.results import OutputError
     from simulator.sweep import SweepError
+    from simulator.validate import ValidateError
     from traces import TraceError
 
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         if argv[:1] == ["calibrate"] and "--import" in argv[1:]:  # a public profile bundle -> a profile
-            from gpu_validation.import_profile import main as import_main
+            from simulator.cost_model.profile_import import main as import_main
 
             return import_main(argv[1:])
         if argv[:1] == ["calibrate"]:  # every later argument belongs to the benchmark, options included
-            from gpu_validation.bench import main as bench_main
-
-            return bench_main(argv[1:])
+            return run_calibration_bench(argv[1:])
         try:
             args = build_parser().parse_args(argv)
         except SystemExit as e:  # --help (0) or a usage error (2, already printed on one line)
             return e.code if isinstance(e.code, int) else 2
         return args.func(args)
     except (ConfigError, TraceError, SimulationStalled, SweepError, PlotError, OutputError, ProfileError,
-            OperatorProfileError, UsageError) as e:
+            OperatorProfileError, UsageError, ValidateError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except FileNotFoundError as e:

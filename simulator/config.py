@@ -24,7 +24,7 @@ from pydantic import (
 )
 
 from policies.contiguous_allocator import contiguous_preset
-from simulator.capacity import kv_cache_bytes, kv_slots
+from simulator.capacity import MemoryBudget, kv_slots, memory_budget
 from simulator.cost_model.catalogue import GPUS, MODELS, GiB, GPUSpec, ModelSpec
 from simulator.workload import WorkloadConfig, numbers_are_not_booleans
 
@@ -121,7 +121,16 @@ class HardwareConfig(Strict):
     kv_cache_gb: float | None = Field(None, gt=0, description="GiB of KV per replica; overrides the computed value")
     num_gpu_blocks: int | None = Field(None, gt=0, le=2**31, description="KV blocks of allocator.block_size tokens "
                                        "per replica (vLLM's num_gpu_blocks, e.g. from its log); overrides kv_cache_gb")
-    activation_reserve_gb: float = Field(1.0, ge=0, description="GiB per GPU kept for activations")
+    # Otherwise the blocks are computed as vLLM does (simulator/capacity.py), per GPU, from:
+    gpu_memory_gib: float | None = Field(None, gt=0, le=4096, description="total GiB per GPU as the CUDA driver "
+                                         "reports it; default: the catalogue's measured figure, else the datasheet's")
+    peak_activation_gib: float | None = Field(None, ge=0, le=4096, description="GiB per GPU of vLLM's profiled "
+                                              "activation peak; default: estimated from the model shape and "
+                                              "scheduler.max_num_batched_tokens")
+    non_torch_memory_gib: float = Field(0.1, ge=0, le=4096, description="GiB per GPU the engine gains outside "
+                                        "PyTorch's allocator while profiling (vLLM logs print it: 0.04-0.26 on one GPU)")
+    cuda_graph_memory_gib: float = Field(0.0, ge=0, le=4096, description="GiB per GPU of CUDA graphs counted before "
+                                         "sizing the cache (vLLM: only with VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1)")
     swap_space_gb: float = Field(4.0, ge=0, le=4096, description="GiB of CPU swap space per GPU")
     pcie: Literal["gen4", "gen5"] | None = None
 
@@ -135,6 +144,14 @@ class HardwareConfig(Strict):
     @property
     def spec(self) -> GPUSpec:
         return GPUS[self.gpu]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "activation_reserve_gb" in data:
+            raise ValueError("activation_reserve_gb is gone: KV capacity is computed as vLLM does; set "
+                             "peak_activation_gib (and non_torch_memory_gib) instead")
+        return data
 
     @model_validator(mode="after")
     def _kv_fits(self) -> HardwareConfig:
@@ -202,14 +219,43 @@ class AllocatorConfig(Strict):
         return self
 
 
-class SchedulerConfig(Strict):
-    """vLLM v0 scheduling limits; ``batching: request`` is FasterTransformer's request-level batching."""
+V1_ONLY_KEYS = ("long_prefill_token_threshold", "max_num_partial_prefills", "reserve_full_isl")
+"""Scheduler keys only ``policy: vllm-v1`` reads."""
 
+
+class SchedulerConfig(Strict):
+    """Scheduling rules and limits. ``policy``: ``vllm-v0`` (the paper's system:
+    prefill-only admission steps, swap or recompute) or ``vllm-v1`` (a per-step token
+    budget, chunked prefills mixed with decodes, recompute only; see
+    ``simulator.scheduler_v1``). ``batching: request`` is FasterTransformer's
+    request-level batching (v0 only)."""
+
+    policy: Literal["vllm-v0", "vllm-v1"] = "vllm-v0"
     max_num_seqs: int = Field(256, ge=1)
-    max_num_batched_tokens: int | None = Field(None, ge=1, description="default: max(2048, max_seq_len)")
+    max_num_batched_tokens: int | None = Field(None, ge=1, description="default: vllm-v0 max(2048, "
+                                                    "max_seq_len), vllm-v1 2048")
     batching: Literal["iteration", "request"] = "iteration"
     router: Literal["round_robin", "least_outstanding_tokens"] = "round_robin"
     macro_steps: bool = True  # advance runs of identical decode steps at once (same results, faster)
+    long_prefill_token_threshold: int = Field(0, ge=0, description="v1: most tokens a request computes per step; "
+                                              "0 = no cap")
+    max_num_partial_prefills: int | None = Field(None, ge=1, description="v1: most requests left mid-prefill by a "
+                                                 "step; null = no limit")
+    reserve_full_isl: bool = Field(True, description="v1: admit only when blocks for the whole sequence are free "
+                                   "(vLLM's scheduler_reserve_full_isl)")
+
+    @model_validator(mode="after")
+    def _policy_keys(self) -> SchedulerConfig:
+        """Judged by value, not presence: a resolved config carries every key at its default."""
+        if self.policy == "vllm-v0":
+            fields = type(self).model_fields
+            for key in V1_ONLY_KEYS:
+                if getattr(self, key) != fields[key].default:
+                    raise ValueError(f"{key}: allowed only with policy vllm-v1 (policy is vllm-v0)")
+        elif self.batching == "request":
+            raise ValueError("batching 'request' is not allowed with policy vllm-v1 (vLLM v1 batches per "
+                             "iteration)")
+        return self
 
 
 class PreemptionConfig(Strict):
@@ -315,6 +361,50 @@ class ExperimentConfig(Strict):
             data["scheduler"] = {"batching": wanted, **sched}
         return data
 
+    @model_validator(mode="before")
+    @classmethod
+    def _v1_defaults(cls, data: Any) -> Any:
+        """Under ``scheduler.policy: vllm-v1`` an unset ``allocator.watermark`` is 0 and an
+        unset ``preemption.mode`` is recompute (vLLM v1 has no watermark and never swaps),
+        so the resolved config says what runs and loads again; other values are errors
+        (``_check_v1``)."""
+        if not isinstance(data, dict):
+            return data
+        sched = data.get("scheduler")
+        if not isinstance(sched, dict) or sched.get("policy") != "vllm-v1":
+            return data
+        alloc, pre = data.get("allocator", {}), data.get("preemption", {})
+        if isinstance(alloc, dict) and "watermark" not in alloc:
+            data = {**data, "allocator": {**alloc, "watermark": 0}}
+        if isinstance(pre, dict) and "mode" not in pre:
+            data = {**data, "preemption": {**pre, "mode": "recompute"}}
+        return data
+
+    @model_validator(mode="after")
+    def _check_v1(self) -> ExperimentConfig:
+        """What vLLM v1 cannot do is an error under ``policy: vllm-v1``, naming the key."""
+        if self.scheduler.policy != "vllm-v1":
+            return self
+        why = "with scheduler.policy vllm-v1"
+        if self.allocator.kind != "paged":
+            raise ValueError(f"allocator.kind {self.allocator.kind!r} is not allowed {why}: vLLM v1 allocates "
+                             "paged blocks (set kind: paged)")
+        if self.allocator.watermark != 0:
+            raise ValueError(f"allocator.watermark ({self.allocator.watermark:g}) is not allowed {why}: vLLM v1 "
+                             "keeps no watermark (remove the key: it runs with 0)")
+        if self.preemption.mode != "recompute":
+            raise ValueError(f"preemption.mode {self.preemption.mode!r} is not allowed {why}: vLLM v1 preempts by "
+                             "recompute only (remove the key or set recompute)")
+        if self.preemption.swap_fallback != "recompute":
+            raise ValueError(f"preemption.swap_fallback {self.preemption.swap_fallback!r} is not allowed {why}: "
+                             "vLLM v1 never swaps (remove the key)")
+        for key in ("n", "beam_width"):
+            value = getattr(self.workload, key)
+            if value > 1:
+                raise ValueError(f"workload.{key} ({value}) is not allowed {why}: it runs one sequence per "
+                                 "request (vLLM v1 fans samples out into separate requests and has no beam search)")
+        return self
+
     @model_validator(mode="after")
     def _fits(self) -> ExperimentConfig:
         if self.kv_bytes <= 0:
@@ -335,7 +425,8 @@ class ExperimentConfig(Strict):
                 f"allocator.block_size {self.allocator.block_size} must divide the trace's hash block of "
                 f"{trace.hash_block_tokens} tokens (workload.trace.hash_block_tokens) for prefix caching"
             )
-        if self.max_num_batched_tokens < self.model.context_len:
+        if self.max_num_batched_tokens < self.model.context_len and self.scheduler.policy == "vllm-v0":
+            # (vllm-v1 chunks a long prompt into the budget instead)
             raise ValueError(
                 f"scheduler.max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= the model's "
                 f"max_seq_len ({self.model.context_len}), or long prompts could never be scheduled"
@@ -389,8 +480,24 @@ class ExperimentConfig(Strict):
             return hw.num_gpu_blocks * self.allocator.block_size * self.model.spec.kv_bytes_per_token
         if hw.kv_cache_gb is not None:
             return hw.kv_cache_gb * GiB
-        return kv_cache_bytes(self.model.spec, hw.spec, hw.tensor_parallel, hw.gpu_memory_utilization,
-                              hw.activation_reserve_gb * GiB)
+        return self.memory_budget.num_gpu_blocks * self.allocator.block_size * self.model.spec.kv_bytes_per_token
+
+    @property
+    def memory_budget(self) -> MemoryBudget:
+        """One GPU's memory as vLLM splits it (``simulator.capacity``), from the hardware section;
+        what ``kv_bytes`` uses unless ``num_gpu_blocks`` or ``kv_cache_gb`` is given."""
+        hw = self.hardware
+
+        def gib(value: float | None) -> int | None:
+            return None if value is None else round(value * GiB)
+
+        return memory_budget(
+            self.model.spec, hw.spec, tensor_parallel=hw.tensor_parallel,
+            gpu_memory_utilization=hw.gpu_memory_utilization, block_size=self.allocator.block_size,
+            max_num_batched_tokens=self.max_num_batched_tokens, max_num_seqs=self.scheduler.max_num_seqs,
+            total_bytes=gib(hw.gpu_memory_gib), peak_activation_bytes=gib(hw.peak_activation_gib),
+            non_torch_bytes=gib(hw.non_torch_memory_gib), cuda_graph_bytes=gib(hw.cuda_graph_memory_gib),
+        )
 
     @property
     def kv_slots(self) -> int:
@@ -398,7 +505,12 @@ class ExperimentConfig(Strict):
 
     @property
     def max_num_batched_tokens(self) -> int:
-        return self.scheduler.max_num_batched_tokens or max(2048, self.model.context_len)
+        """The per-step token budget. Default: vllm-v0 admits whole prompts, so
+        max(2048, max_seq_len); vllm-v1 chunks them, so 2048 (vLLM's API-server default
+        on GPUs under 70 GiB and the A100; 8192 on larger ones, e.g. H100: set it there)."""
+        if self.scheduler.max_num_batched_tokens:
+            return self.scheduler.max_num_batched_tokens
+        return 2048 if self.scheduler.policy == "vllm-v1" else max(2048, self.model.context_len)
 
 
 # --- loading -------------------------------------------------------------------------

@@ -7,6 +7,7 @@ pure functions so the scheduler stays a story about queues.
 from __future__ import annotations
 
 import bisect
+import hashlib
 import itertools
 import math
 from collections.abc import Hashable
@@ -69,7 +70,12 @@ def prefix_contents(request: Request, block_size: int) -> list[Hashable]:
     ``block_size`` tokens (which must divide it) is named by its hash id and its
     position inside that 512-token block. A ``prefix_id`` names a common prefix
     of ``prefix_tokens`` tokens. Tokens after the shared part are unique.
+
+    A request with ``token_ids`` (the prompt's real tokens) names every full prompt block
+    by its tokens: :func:`token_block_identities`, exact at any block size.
     """
+    if request.token_ids is not None:
+        return token_block_identities(request.token_ids, block_size)
     if request.hash_ids:
         hb = request.hash_block_tokens
         if hb % block_size:
@@ -80,3 +86,24 @@ def prefix_contents(request: Request, block_size: int) -> list[Hashable]:
     if request.prefix_id is not None and request.prefix_tokens:
         return [("p", request.prefix_id, j) for j in range(min(request.prefix_tokens, request.prompt_tokens) // block_size)]
     return []
+
+
+def token_block_identities(token_ids: tuple[int, ...], block_size: int) -> list[Hashable]:
+    """The identity of each full block of ``block_size`` tokens of a prompt (a partial last
+    block has none: it is not cached).
+
+    Block j's identity is a digest of (block j-1's identity, block j's token ids), so two
+    prompts share block j exactly when they agree on every token up to its end: a change in
+    one token changes its block and every later one. blake2b (16 bytes) of the ids as
+    little-endian 32-bit integers: the same on every machine and run (Python's ``hash`` of
+    a str or bytes is salted per process), and a collision is out of reach (2^-64 for
+    2^32 blocks).
+    """
+    ids = np.asarray(token_ids, dtype="<u4")
+    out: list[Hashable] = []
+    parent = b""
+    for j in range(len(ids) // block_size):
+        parent = hashlib.blake2b(parent + ids[j * block_size:(j + 1) * block_size].tobytes(),
+                                 digest_size=16).digest()
+        out.append(("t", parent))
+    return out

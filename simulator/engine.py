@@ -31,6 +31,7 @@ from simulator.cost_model.base import CostModel
 from simulator.memory_classes import split_free
 from simulator.metrics import RequestLog, request_row
 from simulator.scheduler import Scheduler, SchedulerSettings, Step
+from simulator.scheduler_v1 import SchedulerV1
 from simulator.sequence import SequenceGroup
 from simulator.step_log import StepLog, Window
 from traces import Request
@@ -47,7 +48,7 @@ class Replica:
     """One model replica: a scheduler, its KV allocator, its cost model and its host link."""
 
     index: int
-    scheduler: Scheduler
+    scheduler: Scheduler | SchedulerV1
     cost: CostModel
     pcie: simpy.Resource | None = None  # the GPU<->CPU link, when swaps overlap compute
     _wake: simpy.Event | None = field(default=None, repr=False)
@@ -106,7 +107,8 @@ class Simulation:
         self.request_rows = RequestLog()
         self.replicas: list[Replica] = []
         for i in range(num_replicas):
-            sched = Scheduler(make_allocator(), limits, on_terminal=self._on_terminal(i))
+            make_scheduler = SchedulerV1 if limits.policy == "vllm-v1" else Scheduler
+            sched = make_scheduler(make_allocator(), limits, on_terminal=self._on_terminal(i))
             pcie = simpy.Resource(self.env, capacity=1) if overlap_swap else None
             self.replicas.append(Replica(i, sched, make_cost(), pcie))
         self.router = Router(self.replicas, router)

@@ -1,4 +1,4 @@
-"""The reference engine: vLLM v0's scheduling rules, one SimPy step per iteration.
+"""The reference engine: vLLM v0's and v1's scheduling rules, one SimPy step per iteration.
 
 This is the oracle the fast engine (``simulator.engine`` with its scheduler, macro-steps,
 lazy block tables and closed forms) is tested against, and the place to learn the rules
@@ -32,6 +32,11 @@ from the prompt alone); a single sequence is recomputed under ``recompute`` and 
 swapped under ``swap``. A recomputed group rejoins the front of the waiting queue with
 its generated tokens folded into its prompt. When the CPU pool is full a swap falls back
 to recomputation, or aborts the request (``abort``, and always for multi-sequence groups).
+
+``scheduler.policy: vllm-v1`` replaces these rules by vLLM v1's (``ReferenceV1Replica``: a
+per-step token budget, chunked prefills mixed with decodes, recompute-only preemption of the
+most recently admitted request) over ``policies.reference_paged.ReferenceFreeQueueAllocator``
+(one free queue, lazy eviction of cached blocks).
 """
 
 from __future__ import annotations
@@ -46,7 +51,14 @@ import pandas as pd
 import simpy
 
 from policies.reference_contiguous import REFERENCE_PRESETS, ReferenceContiguousAllocator
-from policies.reference_paged import FRAGMENTED, NEVER, OK, ReferencePagedAllocator
+from policies.reference_paged import (
+    FRAGMENTED,
+    NEVER,
+    OK,
+    ReferenceFreeQueueAllocator,
+    ReferencePagedAllocator,
+    blocks_for,
+)
 from simulator.capacity import swap_slots
 from simulator.config import ExperimentConfig
 from simulator.cost_model.base import BatchShape, CostModel
@@ -103,8 +115,17 @@ class Group:
 
 
 def prompt_block_names(request: Request, block_size: int) -> list[Hashable]:
-    """Names of the prompt's leading full blocks that other requests may share: a Mooncake
-    hash id names ``hash_block_tokens`` tokens; a ``prefix_id`` its ``prefix_tokens``."""
+    """Names of the prompt's leading full blocks that other requests may share: with the
+    prompt's ``token_ids``, every full block is named by its tokens; a Mooncake hash id names
+    ``hash_block_tokens`` tokens; a ``prefix_id`` its ``prefix_tokens``. (The allocator chains
+    the names: a block's key is made of its parent's key and its name, so two prompts share
+    block j exactly when they agree up to its end.)"""
+    token_ids = getattr(request, "token_ids", None)
+    if token_ids is not None:
+        full = len(token_ids) // block_size
+        return [
+            ("tokens", tuple(token_ids[j * block_size : (j + 1) * block_size])) for j in range(full)
+        ]
     if request.hash_ids:
         hb = request.hash_block_tokens
         if hb % block_size:
@@ -142,6 +163,7 @@ class Step:
     swap_out_slots: int = 0
     swap_in_slots: int = 0
     cow_copies: int = 0
+    chunks: list[tuple[Group, int]] = field(default_factory=list)  # vllm-v1: (request, tokens)
 
     @property
     def preempted(self) -> int:
@@ -170,6 +192,10 @@ class Rules:
     swap_fallback: str  # recompute | abort
     sample_lengths: str
     beam_concentration: float
+    policy: str = "vllm-v0"  # vllm-v0 | vllm-v1
+    long_prefill_token_threshold: int = 0  # v1: most tokens one request computes a step (0: no cap)
+    max_num_partial_prefills: int | None = None  # v1: most requests left mid-prefill by a step
+    reserve_full_isl: bool = True  # v1: admit only if blocks for the whole sequence are free
 
 
 # --- one replica's scheduler ----------------------------------------------------------------
@@ -432,6 +458,232 @@ class ReferenceReplica:
         self.on_end(g, self.index)
 
 
+# --- vLLM v1's scheduler ---------------------------------------------------------------------
+@dataclass(eq=False)
+class V1Request(Group):
+    """A request under vllm-v1: one sequence whose computed tokens catch up with its tokens."""
+
+    num_tokens: int = 0  # prompt + tokens generated so far (a recomputation keeps them)
+    num_computed: int = 0  # tokens whose KV is computed: 0 on arrival and after a preemption
+    catch_up_to: int = 0  # num_tokens at its last admission: below it, it is prefilling
+    keys: list[int] = field(default_factory=list)  # cache keys of its full blocks, by position
+
+    @property
+    def seq(self) -> int:
+        return self.seqs[0]
+
+    @property
+    def target(self) -> int:
+        return self.targets[self.seq]
+
+
+class ReferenceV1Replica(ReferenceReplica):
+    """One replica under vLLM v1's rules (``scheduler.policy: vllm-v1``).
+
+    There are no prefill and decode phases: each request's computed tokens catch up with its
+    tokens under a per-step token budget. One step (``schedule``):
+
+    1. Running requests, in the order they were admitted, each get
+       ``min(tokens left, long_prefill_token_threshold if > 0, budget left)`` tokens. A request
+       that cannot get its blocks preempts the most recently admitted running request
+       (recompute: its blocks are freed, it goes to the front of the waiting queue), again
+       and again, until it fits or it was the victim itself.
+    2. If nobody was preempted: waiting requests first come first served, while budget is
+       left and fewer than ``max_num_seqs`` run. A request skips its cached prefix (at most
+       ``num_tokens - 1`` tokens), its chunk is capped like a running one's; admission stops
+       at the first request that would be one partial prefill too many, that cannot reserve
+       blocks for its whole sequence (``reserve_full_isl``), or cannot get blocks for its chunk.
+
+    After the step (``complete``) every chunk is computed; a request whose computed tokens
+    reach its tokens samples one (its first: TTFT), and finishes when it has its output.
+
+    Not modelled: async scheduling and CUDA graphs (each shifts work by at most one step per
+    event), the null block (pass one block fewer), speculative decoding.
+    """
+
+    def add(self, request: Request, now: float) -> None:
+        """A request arrives: it waits, or is rejected now if it can never run."""
+        self.now = now
+        seq = self.next_seq
+        self.next_seq += 1
+        B = self.alloc.block_size
+        g = V1Request(
+            request,
+            [seq],
+            {seq: request.output_tokens},
+            request.prompt_tokens,
+            prompt_block_names(request, B) if self.alloc.prefix_caching else [],
+            num_tokens=request.prompt_tokens,
+        )
+        longest = request.prompt_tokens + request.output_tokens
+        if request.num_seqs > 1:
+            self.end(
+                g,
+                "rejected",
+                "vllm-v1 runs one sequence per request (it fans samples out into separate "
+                "requests and has no beam search)",
+            )
+        elif longest > self.rules.max_seq_len:
+            self.end(
+                g,
+                "rejected",
+                f"prompt + output = {longest} tokens exceeds max_seq_len {self.rules.max_seq_len}",
+            )
+        elif blocks_for(g.final_len(seq), B) > self.alloc.num_blocks:
+            # At its last step it holds prompt + output - 1 tokens (the last one is never stored).
+            self.end(
+                g, "rejected", f"needs more KV slots than the whole cache ({self.alloc.capacity})"
+            )
+        else:
+            self.waiting.append(g)
+
+    def chunk(self, tokens_left: int, budget: int) -> int:
+        """Tokens a request computes this step: what it lacks, capped by the long-prefill
+        threshold and by the budget left."""
+        threshold = self.rules.long_prefill_token_threshold
+        if threshold > 0:
+            tokens_left = min(tokens_left, threshold)
+        return min(tokens_left, budget)
+
+    # --- one iteration ------------------------------------------------------------------------
+    def schedule(self, now: float) -> Step:
+        self.now = now
+        step = Step()
+        budget = self.rules.max_num_batched_tokens
+        self.blocked = None
+        # 1. Running requests first, in admission order.
+        i = 0
+        while i < len(self.running) and budget > 0:
+            g = self.running[i]
+            n = self.chunk(g.num_tokens - g.num_computed, budget)
+            if not self.grow_or_preempt(g, n, step):
+                break  # it preempted itself: nothing after it runs either
+            self.add_chunk(g, n, step)
+            budget -= n
+            i += 1
+        # 2. Waiting requests, FCFS, only if nobody was preempted.
+        if not step.preempted:
+            while self.waiting and budget > 0 and len(self.running) < self.rules.max_num_seqs:
+                if not self.admit_head(budget, step):
+                    break
+                budget -= step.chunks[-1][1]
+        return step
+
+    def grow_or_preempt(self, g: V1Request, n: int, step: Step) -> bool:
+        """Give running ``g`` the blocks for ``n`` more tokens, preempting the most recently
+        admitted running request while they are short. False if ``g`` itself was preempted."""
+        while not self.alloc.grow(g.seq, g.num_computed + n):
+            victim = self.running.pop()
+            self.preempt(victim, step)
+            if victim is g:
+                return False
+        return True
+
+    def admit_head(self, budget: int, step: Step) -> bool:
+        """Try to admit the head of the waiting queue with a chunk of at most ``budget``
+        tokens; False (admission stops) if a rule holds it back."""
+        alloc, rules, B = self.alloc, self.rules, self.alloc.block_size
+        g: V1Request = self.waiting[0]
+        looked_up = (g.num_tokens - 1) // B if alloc.prefix_caching else 0  # a hit < num_tokens
+        hits = alloc.cached_blocks(self.block_keys(g, looked_up))
+        hit = len(hits) * B
+        n = self.chunk(g.num_tokens - hit, budget)
+        limit = rules.max_num_partial_prefills
+        if limit is not None and hit + n < g.num_tokens and self.partial_prefills(step) >= limit:
+            self.blocked = "partial prefills"
+            return False
+        if (
+            rules.reserve_full_isl
+            and alloc.free_blocks_needed(hits, g.num_tokens) > alloc.num_free()
+        ):
+            self.blocked = "no space for the whole sequence"
+            return False
+        if alloc.free_blocks_needed(hits, hit + n) > alloc.num_free():
+            self.blocked = "no space"
+            return False
+        self.waiting.popleft()
+        alloc.open(g.seq, hits, hit + n, g.final_len(g.seq), looked_up)
+        g.num_computed = hit
+        g.catch_up_to = g.num_tokens
+        g.cached_tokens = hit
+        step.cached_tokens += hit
+        g.status = "running"
+        if g.scheduled_s is None:
+            g.scheduled_s = self.now
+        self.running.append(g)
+        self.add_chunk(g, n, step)
+        return True
+
+    def partial_prefills(self, step: Step) -> int:
+        """Running requests that this step leaves mid-prefill (scheduled or not)."""
+        scheduled = {id(g): n for g, n in step.chunks}
+        return sum(
+            1 for g in self.running if g.num_computed + scheduled.get(id(g), 0) < g.num_tokens
+        )
+
+    def block_keys(self, g: V1Request, count: int) -> list[int]:
+        """Cache keys of ``g``'s first ``count`` full blocks: the trace's shared names first,
+        then names only ``g`` has (the rest of its prompt, its output), chained."""
+        while len(g.keys) < count:
+            j = len(g.keys)
+            name = g.prefix[j] if j < len(g.prefix) else ("own", g.request.request_id, j)
+            g.keys.append(self.alloc.chain_key(g.keys[-1] if g.keys else -1, name))
+        return g.keys[:count]
+
+    def add_chunk(self, g: V1Request, n: int, step: Step) -> None:
+        """``g`` computes ``n`` tokens this step: a prefill part while it catches up with the
+        tokens it had when admitted, else a decode part (its last sampled token)."""
+        step.chunks.append((g, n))
+        if g.num_computed < g.catch_up_to:
+            if g.recomputing:  # catching up after a preemption: this chunk is work done again
+                step.recompute_tokens += n
+            step.prefill.append(g)
+            step.prefill_tokens += n
+            # Causal attention: new token i attends to the computed tokens and i new ones.
+            step.prefill_pairs += n * g.num_computed + n * (n + 1) / 2
+        else:
+            step.decode.append(g)
+            step.decode_seqs += 1
+            step.decode_context += g.num_computed + n  # its KV after the step
+
+    def preempt(self, g: V1Request, step: Step) -> None:
+        """Recompute ``g`` (already taken out of ``running``): free its blocks (its cached
+        ones stay findable until evicted) and put it at the front of the waiting queue."""
+        g.preemptions += 1
+        g.recomputed_tokens += g.num_computed
+        self.alloc.free(g.seq)
+        g.num_computed = 0
+        g.recomputing = True
+        g.status = "waiting"
+        self.waiting.appendleft(g)
+        step.preempted_recompute += 1
+
+    # --- after the step -------------------------------------------------------------------------
+    def complete(self, step: Step, now: float) -> None:
+        """Every chunk is computed; a request caught up with its tokens samples one."""
+        for g, n in step.chunks:
+            g.num_computed += n
+            if self.alloc.prefix_caching:
+                B = self.alloc.block_size
+                keys = self.block_keys(g, g.num_computed // B)
+                self.alloc.register_full_blocks(g.seq, g.num_computed, keys)
+            if g.num_computed < g.num_tokens:
+                continue  # mid-prefill: nothing sampled
+            g.recomputing = False  # caught up
+            if g.first_token_s is None:
+                g.first_token_s = now
+            else:
+                self.itl.append((now - g.last_token_s, 1))
+            g.last_token_s = now
+            g.num_tokens += 1
+            g.generated += 1
+            if g.generated == g.target:
+                self.running.remove(g)
+                self.alloc.free(g.seq)
+                g.finish_s = now
+                self.end(g, "finished", None)
+
+
 # --- the simulation ----------------------------------------------------------------------------
 STEP_FIELDS = (
     (
@@ -544,9 +796,14 @@ class ReferenceResult:
 
 def make_reference_allocator(
     cfg: ExperimentConfig,
-) -> ReferencePagedAllocator | ReferenceContiguousAllocator:
-    """One replica's allocator: paged blocks of ``block_size`` slots, or contiguous regions."""
+) -> ReferencePagedAllocator | ReferenceContiguousAllocator | ReferenceFreeQueueAllocator:
+    """One replica's allocator: paged blocks of ``block_size`` slots (under vllm-v1 in one
+    free queue), or contiguous regions."""
     slots, a = cfg.kv_slots, cfg.allocator
+    if cfg.scheduler.policy == "vllm-v1":  # the config admits only paged memory here
+        return ReferenceFreeQueueAllocator(
+            slots // a.block_size, a.block_size, prefix_caching=a.prefix_caching
+        )
     swap = swap_slots(cfg.hardware.swap_space_gb, cfg.hardware.tensor_parallel, cfg.model.spec)
     if a.kind == "paged":
         B = a.block_size
@@ -608,10 +865,15 @@ class ReferenceSimulation:
             swap_fallback=cfg.preemption.swap_fallback,
             sample_lengths=cfg.decoding.sample_lengths,
             beam_concentration=cfg.decoding.beam_concentration,
+            policy=cfg.scheduler.policy,
+            long_prefill_token_threshold=cfg.scheduler.long_prefill_token_threshold,
+            max_num_partial_prefills=cfg.scheduler.max_num_partial_prefills,
+            reserve_full_isl=cfg.scheduler.reserve_full_isl,
         )
         make_cost = make_cost or (lambda: roofline_cost(cfg))
+        replica = ReferenceV1Replica if rules.policy == "vllm-v1" else ReferenceReplica
         self.replicas = [
-            ReferenceReplica(i, alloc, make_cost(), rules, cfg.seed, self.record_end)
+            replica(i, alloc, make_cost(), rules, cfg.seed, self.record_end)
             for i, alloc in enumerate(allocators)
         ]
         self.overlap_swap = cfg.preemption.overlap_swap

@@ -12,6 +12,7 @@ import pandas as pd
 from policies.contiguous_allocator import ContiguousAllocator, contiguous_preset
 from policies.kv_allocator import KVAllocator
 from policies.paged_allocator import PagedAllocator
+from policies.v1_prefix_cache import V1PrefixCacheAllocator
 from simulator.capacity import swap_slots
 from simulator.config import ConfigError, ExperimentConfig
 from simulator.cost_model.base import CostModel
@@ -55,6 +56,8 @@ def make_allocator_factory(cfg: ExperimentConfig) -> Callable[[], KVAllocator]:
     a = cfg.allocator
     if a.kind == "paged":
         B = a.block_size
+        if cfg.scheduler.policy == "vllm-v1" and a.prefix_caching:  # vLLM v1's free queue and cache
+            return lambda: V1PrefixCacheAllocator(slots // B, B)
         return lambda: PagedAllocator(slots // B, B, swap // B, prefix_caching=a.prefix_caching)
     placement, reservation, _ = allocator_settings(cfg)
     max_len = a.max_seq_len or cfg.model.context_len
@@ -96,6 +99,10 @@ def scheduler_settings(cfg: ExperimentConfig) -> SchedulerSettings:
         sample_lengths=cfg.decoding.sample_lengths,
         beam_concentration=cfg.decoding.beam_concentration,
         seed=cfg.seed,
+        policy=cfg.scheduler.policy,
+        long_prefill_token_threshold=cfg.scheduler.long_prefill_token_threshold,
+        max_num_partial_prefills=cfg.scheduler.max_num_partial_prefills,
+        reserve_full_isl=cfg.scheduler.reserve_full_isl,
     )
 
 

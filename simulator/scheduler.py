@@ -23,7 +23,7 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -53,6 +53,11 @@ class SchedulerSettings:
     sample_lengths: str = "same"  # parallel samples: same | independent (see decoding.sample_targets)
     beam_concentration: float = 1.0  # beam search parent choice, 0 = uniform (decoding.beam_parent_counts)
     seed: int = 0
+    policy: str = "vllm-v0"  # vllm-v0 (this module) | vllm-v1 (simulator.scheduler_v1)
+    # vllm-v1 only (see simulator.scheduler_v1):
+    long_prefill_token_threshold: int = 0  # most tokens one request computes in a step; 0 = no cap
+    max_num_partial_prefills: int | None = None  # most requests left mid-prefill by a step; None = no limit
+    reserve_full_isl: bool = True  # admit only when the whole sequence's blocks are free
 
 
 @dataclass(slots=True)
@@ -86,6 +91,46 @@ class Step:
         return len(self.prefill) + len(self.decode)
 
 
+class FinishQueue:
+    """Running groups by the decode-clock tick at which their next sequence finishes
+    (``SequenceGroup.due``; a decode step ticks the clock once for every running group).
+
+    A group is filed again whenever that tick moves; an older entry is dropped when it
+    surfaces (the group left the running batch, or its ``due`` changed since). Shared by
+    the v0 and v1 schedulers.
+    """
+
+    __slots__ = ("_heap",)
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, float, int, SequenceGroup]] = []  # (due, arrival, id, group)
+
+    def file(self, g: SequenceGroup) -> None:
+        """(Re)file a running group: it finishes when the clock reaches next_finish - gen_base."""
+        g.due = g.next_finish - g.gen_base
+        r = g.request
+        heapq.heappush(self._heap, (g.due, r.arrival_time, r.request_id, g))
+
+    def next_due(self) -> int | None:
+        """Tick of the earliest finish among running groups (None: no running group)."""
+        heap = self._heap
+        while heap:
+            due, _, _, g = heap[0]
+            if g.status is Status.RUNNING and g.due == due:
+                return due
+            heapq.heappop(heap)
+        return None
+
+    def due_by(self, ticks: int) -> Iterator[SequenceGroup]:
+        """Take the running groups due at or before ``ticks``, earliest first (one filed
+        again while the caller handles another is seen too)."""
+        heap = self._heap
+        while heap and heap[0][0] <= ticks:
+            due, _, _, g = heapq.heappop(heap)
+            if g.status is Status.RUNNING and g.due == due:
+                yield g
+
+
 class Scheduler:
     """Owns the waiting, running and swapped queues of one replica.
 
@@ -113,7 +158,7 @@ class Scheduler:
         self._shares_prefixes = bool(getattr(allocator, "prefix_caching", False))
         self.beam_groups = 0  # beam-search groups admitted and not yet ended
         self.clock = DecodeClock()  # decode steps so far
-        self._finishes: list[tuple[int, float, int, SequenceGroup]] = []  # (due, arrival, id, group)
+        self._finishes = FinishQueue()
         self._fresh: list[SequenceGroup] = []  # joined the running batch since the last decode step
         self._last_decode_end = 0.0  # when the last decode step ended (s)
 
@@ -221,19 +266,7 @@ class Scheduler:
 
     def _expect_finish(self, g: SequenceGroup) -> None:
         """(Re)file a running group under the clock at which its next sequence finishes."""
-        g.due = g.next_finish - g.gen_base
-        r = g.request
-        heapq.heappush(self._finishes, (g.due, r.arrival_time, r.request_id, g))
-
-    def _next_due(self) -> int | None:
-        """Clock of the earliest finish among running groups (stale heap entries dropped)."""
-        heap = self._finishes
-        while heap:
-            due, _, _, g = heap[0]
-            if g.status is Status.RUNNING and g.due == due:
-                return due
-            heapq.heappop(heap)
-        return None
+        self._finishes.file(g)
 
     def _stop_running(self, g: SequenceGroup) -> None:
         """Write back the lockstep state of a group leaving the running batch (its caller
@@ -415,7 +448,7 @@ class Scheduler:
         """Decode iterations (<= ``limit``) that can follow the ``scheduled`` ones already
         decided with no sequence finishing before the last of them and every append
         fitting without a copy."""
-        due = self._next_due()
+        due = self._finishes.next_due()
         k = min(limit, due - self.clock.ticks - scheduled) if due is not None else limit
         return self.alloc.max_advance_all(k) if k > 0 else 0
 
@@ -461,11 +494,8 @@ class Scheduler:
         self._last_decode_end = now
 
     def _retire_due(self, now: float) -> None:
-        heap = self._finishes
-        while heap and heap[0][0] <= self.clock.ticks:
-            due, _, _, g = heapq.heappop(heap)
-            if g.status is Status.RUNNING and g.due == due:
-                self._retire_done(g, now)
+        for g in self._finishes.due_by(self.clock.ticks):
+            self._retire_done(g, now)
 
     def _retire_done(self, g: SequenceGroup, now: float) -> None:
         if len(g.seq_ids) == 1:  # the usual case: one sequence, and it is due

@@ -115,13 +115,13 @@ class GenericColumns(_Section):
 class TraceSource(_Section):
     """``trace:`` replay a request trace file.
 
-    ``format``: ``auto`` (tell from the header), ``azure``, ``mooncake``, ``vidur`` or
-    ``generic`` (then give ``columns``, and optionally ``time_unit`` - s, ms, us, ns
+    ``format``: ``auto`` (tell from the header), ``azure``, ``mooncake``, ``vidur``,
+    ``token-ids`` (JSON lines with the prompts' token ids) or ``generic`` (then give ``columns``, and optionally ``time_unit`` - s, ms, us, ns
     or datetime -, ``file_type`` - csv or jsonl, default from the extension - and
     ``hash_block_tokens``). ``on_unsorted``: ``sort`` (with a warning) or ``error``.
     """
 
-    format: Literal["auto", "azure", "mooncake", "vidur", "generic"] = "auto"
+    format: Literal["auto", "azure", "mooncake", "vidur", "token-ids", "generic"] = "auto"
     path: str
     on_unsorted: Literal["sort", "error"] = "sort"
     columns: GenericColumns | None = None
@@ -333,6 +333,8 @@ class WorkloadConfig(_Section):
             )
             if self.shared_prefix is not None and has_hashes:
                 raise ValueError("shared_prefix cannot be added to a trace with hash_ids")
+            if self.shared_prefix is not None and self.trace.format == "token-ids":
+                raise ValueError("shared_prefix cannot be added to a trace with token ids")
         else:
             if self.arrivals is None or self.lengths is None:
                 raise ValueError(

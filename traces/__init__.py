@@ -5,7 +5,7 @@ This package imports nothing from the rest of kvsim: a trace is a stream of
 0, 1, 2, ..., with times in seconds from the first request.
 
 * read a file: :func:`load_trace` (format ``auto``, ``azure``, ``mooncake``,
-  ``vidur``), :func:`read_generic` (your column names and time unit),
+  ``vidur``, ``token-ids``: prompts with their token ids), :func:`read_generic` (your column names and time unit),
   :func:`load_length_pool` (lengths only);
 * generate one: :func:`generate_requests` with an arrival process
   (:mod:`traces.arrivals`) and a length sampler (:mod:`traces.lengths`,
@@ -17,7 +17,7 @@ This package imports nothing from the rest of kvsim: a trace is a stream of
 from traces.arrivals import ConstantArrivals, GammaArrivals, PoissonArrivals, make_arrivals
 from traces.data_files import DATA_DIR, data_path, shipped_files
 from traces.errors import TraceError, TraceWarning
-from traces.formats import AZURE, LENGTHS, MOONCAKE, VIDUR, TraceFormat, detect_format
+from traces.formats import AZURE, LENGTHS, MOONCAKE, TOKEN_IDS, VIDUR, TraceFormat, detect_format
 from traces.generate import generate_requests
 from traces.lengths import (
     DiscreteLengths,
@@ -34,6 +34,7 @@ from traces.loaders import (
     read_generic,
     read_lengths,
     read_mooncake,
+    read_token_ids,
     read_vidur,
 )
 from traces.presets import PRESET_NAMES, preset_lengths
@@ -55,6 +56,7 @@ __all__ = [
     "LENGTHS",
     "MOONCAKE",
     "PRESET_NAMES",
+    "TOKEN_IDS",
     "VIDUR",
     "ConstantArrivals",
     "DiscreteLengths",
@@ -82,6 +84,7 @@ __all__ = [
     "read_generic",
     "read_lengths",
     "read_mooncake",
+    "read_token_ids",
     "read_vidur",
     "renumber",
     "scale_rate",

@@ -200,3 +200,19 @@ def parse_hash_ids(raw: object, column: str) -> tuple[int, ...]:
         if type(item) is not int:
             raise CellError(f"column '{column}' holds a non-integer id: {_shown(item)}")
     return tuple(items)
+
+
+MAX_TOKEN_ID = 2**32 - 1
+"""Largest token id accepted: vocabularies hold at most a few hundred thousand tokens, and ids
+are hashed as 32-bit integers (see ``simulator.decoding.prefix_contents``)."""
+
+
+def parse_token_ids(raw: object, column: str) -> tuple[int, ...]:
+    """A prompt's token ids: a JSON list of integers from 0 to ``MAX_TOKEN_ID`` (in a CSV cell,
+    written as :func:`parse_hash_ids` accepts)."""
+    ids = parse_hash_ids(raw, column)
+    for item in ids:
+        if not 0 <= item <= MAX_TOKEN_ID:
+            raise CellError(f"column '{column}' holds a token id out of range: {_shown(item)} "
+                            f"(token ids are integers from 0 to {MAX_TOKEN_ID})")
+    return ids

@@ -23,6 +23,8 @@ class TraceFormat:
     ``arrival_time`` is ``None`` for a lengths-only file (a pool of prompt/output
     lengths with no timestamps, such as the ShareGPT statistics file).
     ``hash_block_tokens`` is the number of prompt tokens one hash id covers.
+    ``token_ids`` names a column holding the prompt's token ids (a list per row, as
+    long as the prompt), when the file records them.
     """
 
     name: str
@@ -33,6 +35,7 @@ class TraceFormat:
     hash_ids: str | None = None
     time_unit: str = "s"
     hash_block_tokens: int = 512
+    token_ids: str | None = None
 
     def __post_init__(self) -> None:
         if self.file_type not in ("csv", "jsonl"):
@@ -47,7 +50,7 @@ class TraceFormat:
     @property
     def columns(self) -> tuple[str, ...]:
         """The columns a file of this format must have."""
-        names = (self.arrival_time, self.prompt_tokens, self.output_tokens, self.hash_ids)
+        names = (self.arrival_time, self.prompt_tokens, self.output_tokens, self.hash_ids, self.token_ids)
         return tuple(name for name in names if name is not None)
 
 
@@ -67,7 +70,15 @@ VIDUR = TraceFormat("vidur", "csv", "arrived_at", "num_prefill_tokens", "num_dec
 LENGTHS = TraceFormat("lengths", "csv", None, "num_prefill_tokens", "num_decode_tokens")
 """A pool of lengths with no arrival times (e.g. the ShareGPT statistics file)."""
 
-NAMED_FORMATS = {f.name: f for f in (AZURE, MOONCAKE, VIDUR, LENGTHS)}
+TOKEN_IDS = TraceFormat(
+    "token-ids", "jsonl", "arrival_time_ns", "input_toks", "output_toks", time_unit="ns",
+    token_ids="input_tok_ids",
+)
+"""JSON lines with the prompt's token ids (the workload format of LLMServingSim's vLLM benchmark,
+e.g. ../shared/validation/*/workload/): ``input_toks``, ``output_toks``, ``arrival_time_ns``
+(offset from the start, ns) and ``input_tok_ids`` (``input_toks`` ids)."""
+
+NAMED_FORMATS = {f.name: f for f in (AZURE, MOONCAKE, VIDUR, LENGTHS, TOKEN_IDS)}
 
 
 def generic_format(
@@ -108,7 +119,7 @@ def detect_format(path: str | Path) -> TraceFormat:
             keys = list(json.loads(first))
         except ValueError as e:
             raise TraceError(path, line_no, f"not valid JSON: {e}") from None
-        candidates = [MOONCAKE]
+        candidates = [MOONCAKE, TOKEN_IDS]
     else:
         keys = [name.strip() for name in next(csv.reader([first]), [])]
         candidates = [AZURE, VIDUR, LENGTHS]

@@ -37,6 +37,7 @@ from traces.errors import TraceError, TraceWarning
 from traces.fields import (
     CellError,
     parse_hash_ids,
+    parse_token_ids,
     parse_tokens,
     time_parser,
     time_unit_seconds,
@@ -45,6 +46,7 @@ from traces.formats import (
     AZURE,
     MOONCAKE,
     NAMED_FORMATS,
+    TOKEN_IDS,
     VIDUR,
     TraceFormat,
     detect_format,
@@ -55,8 +57,8 @@ from traces.request import Request
 
 ON_UNSORTED = ("sort", "error")
 
-# (line number, time in seconds from an arbitrary origin, prompt, output, hash ids)
-_Record = tuple[int, float, int, int, "tuple[int, ...] | None"]
+# (line number, time in seconds from an arbitrary origin, prompt, output, hash ids, token ids)
+_Record = tuple[int, float, int, int, "tuple[int, ...] | None", "tuple[int, ...] | None"]
 
 
 def load_trace(
@@ -65,7 +67,7 @@ def load_trace(
     """Stream the requests of a trace file.
 
     ``format`` is ``"auto"`` (tell from the header), a named format (``azure``,
-    ``mooncake``, ``vidur``) or a :class:`TraceFormat` (see :func:`read_generic`).
+    ``mooncake``, ``vidur``, ``token-ids``) or a :class:`TraceFormat` (see :func:`read_generic`).
     The file is found and its format decided now; rows are read as the iterator
     is consumed.
     """
@@ -88,6 +90,12 @@ def read_azure(path: str | Path, *, on_unsorted: str = "sort") -> Iterator[Reque
 def read_mooncake(path: str | Path, *, on_unsorted: str = "sort") -> Iterator[Request]:
     """Mooncake JSON lines (timestamp in ms, input_length, output_length, hash_ids)."""
     return load_trace(path, MOONCAKE, on_unsorted=on_unsorted)
+
+
+def read_token_ids(path: str | Path, *, on_unsorted: str = "sort") -> Iterator[Request]:
+    """JSON lines with the prompts' token ids (input_toks, output_toks, arrival_time_ns,
+    input_tok_ids): requests carry ``token_ids``, so prefix-cache hits are exact."""
+    return load_trace(path, TOKEN_IDS, on_unsorted=on_unsorted)
 
 
 def read_vidur(path: str | Path, *, on_unsorted: str = "sort") -> Iterator[Request]:
@@ -129,8 +137,9 @@ def read_lengths(path: str | Path, format: str | TraceFormat = "auto") -> Iterat
     """Stream (prompt_tokens, output_tokens) pairs of any trace or lengths file,
     ignoring its timestamps."""
     path = Path(path)
-    fmt = dataclasses.replace(resolve_format(path, format), arrival_time=None, hash_ids=None)
-    return ((prompt, output) for _, _, prompt, output, _ in _records(path, fmt))
+    fmt = dataclasses.replace(resolve_format(path, format), arrival_time=None, hash_ids=None,
+                              token_ids=None)
+    return ((prompt, output) for _, _, prompt, output, _, _ in _records(path, fmt))
 
 
 def load_length_pool(
@@ -185,7 +194,7 @@ def _requests(path: Path, fmt: TraceFormat, on_unsorted: str) -> Iterator[Reques
     block = fmt.hash_block_tokens
     origin = None
     previous, previous_line = -math.inf, 0
-    for request_id, (line, time, prompt, output, ids) in enumerate(records):
+    for request_id, (line, time, prompt, output, ids, tokens) in enumerate(records):
         if time < previous:
             raise TraceError(
                 path,
@@ -196,11 +205,16 @@ def _requests(path: Path, fmt: TraceFormat, on_unsorted: str) -> Iterator[Reques
         if origin is None:
             origin = time
         previous, previous_line = time, line
-        if ids is None:
+        if ids is None and tokens is None:
             yield Request(request_id, time - origin, prompt, output)
-        else:
+        elif tokens is None:
             yield Request(
                 request_id, time - origin, prompt, output, hash_ids=ids, hash_block_tokens=block
+            )
+        else:
+            yield Request(
+                request_id, time - origin, prompt, output, hash_ids=ids, hash_block_tokens=block,
+                token_ids=tokens,
             )
 
 
@@ -259,7 +273,8 @@ def _records(path: Path, fmt: TraceFormat) -> Iterator[_Record]:
 def _csv_records(path: Path, fmt: TraceFormat) -> Iterator[_Record]:
     """CSV rows; the common case (plain numbers) costs one int()/float() a cell,
     anything else is re-checked cell by cell by :func:`_checked` for its message."""
-    timed, hashed = fmt.arrival_time is not None, fmt.hash_ids is not None
+    timed = fmt.arrival_time is not None
+    hashed = fmt.hash_ids is not None or fmt.token_ids is not None  # a list cell: the slow path
     numeric_scale = None if fmt.time_unit == "datetime" else time_unit_seconds(fmt.time_unit)
     parse_time = time_parser(fmt.time_unit, fmt.arrival_time) if timed else None
     with open(path, newline="", encoding="utf-8-sig", errors="replace") as f:
@@ -290,7 +305,7 @@ def _csv_records(path: Path, fmt: TraceFormat) -> Iterator[_Record]:
                 except (ValueError, CellError):
                     fast = False
                 if fast and not hashed:
-                    yield reader.line_num, time, prompt, output, None
+                    yield reader.line_num, time, prompt, output, None, None
                 else:
                     cells = tuple(row[i] for i in index)
                     checked = _checked(path, reader.line_num, fmt, cells, parse_time)
@@ -308,7 +323,7 @@ def _jsonl_records(path: Path, fmt: TraceFormat) -> Iterator[_Record]:
 
 
 def _checked(path: Path, line: int, fmt: TraceFormat, cells: tuple, parse_time):
-    """(time, prompt, output, hash ids) of one row, every cell validated; the cells
+    """(time, prompt, output, hash ids, token ids) of one row, every cell validated; the cells
     are in the order of ``fmt.columns``. ``parse_time`` is the file's one time
     parser (a wall-clock parser measures from the file's first date)."""
     timed = parse_time is not None
@@ -325,9 +340,17 @@ def _checked(path: Path, line: int, fmt: TraceFormat, cells: tuple, parse_time):
                     f"column '{fmt.hash_ids}' has {len(ids)} ids but {prompt} prompt tokens "
                     f"fill only {blocks} blocks of {fmt.hash_block_tokens} tokens"
                 )
+        tokens = None
+        if fmt.token_ids is not None:
+            tokens = parse_token_ids(cells[-1], fmt.token_ids)
+            if len(tokens) != prompt:
+                raise CellError(
+                    f"column '{fmt.token_ids}' has {len(tokens)} token ids but column "
+                    f"'{fmt.prompt_tokens}' says the prompt has {prompt} tokens"
+                )
     except CellError as e:
         raise TraceError(path, line, e.problem) from None
-    return time, prompt, output, ids
+    return time, prompt, output, ids, tokens
 
 
 def _csv_header(path: Path, f, columns: tuple[str, ...]):

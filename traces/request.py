@@ -24,6 +24,9 @@ class Request:
     prefix_tokens: int = 0  # ... and its length (<= prompt_tokens)
     hash_ids: tuple[int, ...] | None = None  # prefix-block identities (Mooncake)
     hash_block_tokens: int = 512  # tokens covered by one hash id
+    #: the prompt's token ids (``prompt_tokens`` of them), when the trace records them: prefix-cache
+    #: block identities then come from the tokens themselves, exact at any block size
+    token_ids: tuple[int, ...] | None = None
 
     @property
     def num_seqs(self) -> int:

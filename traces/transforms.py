@@ -73,7 +73,7 @@ def clip_to_max_len(requests: Iterable[Request], max_seq_len: int) -> Iterator[R
     The output is cut first (generation stops at the maximum length, as in vLLM);
     a prompt of ``max_seq_len`` tokens or more keeps its first ``max_seq_len - 1``
     tokens and gets one output token. Prefix identities (``hash_ids``,
-    ``prefix_tokens``) are cut with the prompt: the start of a prompt is kept.
+    ``prefix_tokens``, ``token_ids``) are cut with the prompt: the start of a prompt is kept.
     """
     if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 2:
         raise ValueError(f"max_seq_len must be an integer >= 2; got {max_seq_len!r}")
@@ -91,6 +91,7 @@ def clip_to_max_len(requests: Iterable[Request], max_seq_len: int) -> Iterator[R
             output_tokens=min(r.output_tokens, max_seq_len - prompt),
             prefix_tokens=min(r.prefix_tokens, prompt),
             hash_ids=hash_ids,
+            token_ids=None if r.token_ids is None else r.token_ids[:prompt],
         )
 
 
@@ -106,8 +107,8 @@ def apply_sharing(
     shared prefix of ``prefix_tokens`` tokens (e.g. a system prompt) called
     ``prefix_id``, which is prepended: the prompt grows by ``prefix_tokens``.
 
-    A prefix cannot be combined with ``hash_ids`` (they would no longer describe
-    the prompt's blocks): that raises ValueError.
+    A prefix cannot be combined with ``hash_ids`` or ``token_ids`` (they would no longer
+    describe the prompt): that raises ValueError.
     """
     for name, value in (("n", n), ("beam_width", beam_width)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -126,9 +127,10 @@ def _shared(requests, n, beam_width, prefix_id, prefix_tokens) -> Iterator[Reque
         if prefix_id is None:
             yield dataclasses.replace(r, n=n, beam_width=beam_width)
             continue
-        if r.hash_ids is not None:
+        if r.hash_ids is not None or r.token_ids is not None:
+            what = "hash_ids (prefix blocks" if r.hash_ids is not None else "token_ids (its prompt"
             raise ValueError(
-                f"request {r.request_id} has hash_ids (prefix blocks from its trace); "
+                f"request {r.request_id} has {what} from its trace); "
                 "a shared prefix cannot be added to it"
             )
         if r.prefix_id is not None:

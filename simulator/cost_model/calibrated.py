@@ -1,12 +1,12 @@
 """Calibrated step-time model: the roofline's parts, each timed from a GPU profile.
 
 ``kvsim calibrate`` (``gpu_validation``) measures one GPU and writes a profile of fitted
-formulas (see ``gpu_validation.profile``, which needs neither torch nor triton). This
+formulas (the format: ``simulator.cost_model.calibration_profile``). This
 model splits a step exactly as the roofline does and takes each part from the profile:
 
 - linear layers: the measured GEMM table of each of the layer's matrices at the step's
   token count (the same ``(n, k)`` shapes the bench timed, from
-  ``gpu_validation.model_shapes``), times the layers; the LM head on the sampled tokens;
+  ``simulator.cost_model.gemm_shapes``), times the layers; the LM head on the sampled tokens;
 - prefill attention: ``a + b * flops`` per layer, ``flops = 4 * q_dim * pairs``;
 - decode attention: ``a + b * kv_bytes + c * seq_heads`` per layer, from the paged fit
   at the run's block size, or the contiguous fit;
@@ -23,10 +23,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from gpu_validation.model_shapes import layer_gemms, lm_head_gemm
-from gpu_validation.profile import AffineFit, Profile, ProfileError, read_profile
 from simulator.cost_model.base import BatchShape, CostModel
+from simulator.cost_model.calibration_profile import AffineFit, Profile, ProfileError, read_profile
 from simulator.cost_model.catalogue import GPUSpec, ModelSpec
+from simulator.cost_model.gemm_shapes import kv_heads_per_gpu, layer_gemms, lm_head_gemm
 from simulator.cost_model.operator_profile import profile_candidates
 from simulator.cost_model.roofline import RooflineParams, allreduce_coefficients
 
@@ -73,12 +73,10 @@ class CalibratedCostModel(CostModel):
         self.pcie = pcie  # unused: the host link is measured (kept for the roofline's signature)
         m, tp = model, tensor_parallel
         self._layers = m.num_layers
-        self._gemms = layer_gemms(
-            m.hidden_size, m.num_heads, m.num_kv_heads, m.ffn_size, m.gated_ffn, tp, m.head_dim
-        )
-        self._lm_head = lm_head_gemm(m.hidden_size, m.vocab_size, tp)
+        self._gemms = layer_gemms(m, tp)
+        self._lm_head = lm_head_gemm(m, tp)
         self._dtype_bytes = m.dtype_bytes
-        kv_heads = math.ceil(m.num_kv_heads / tp)
+        kv_heads = kv_heads_per_gpu(m, tp)
         q_heads = math.ceil(m.num_heads / tp)
         # Decode attention, per layer: K+V bytes per context token; programs per sequence.
         self._decode = profile.decode_fit(kernel, block_size)  # fails early on an unmeasured size

@@ -21,6 +21,15 @@ class GPUSpec:
     nvlink_bandwidth: float  # bytes/s per direction, per GPU, to its peers (0: no NVLink)
     pcie: str  # host link generation, key of PCIE
     p2p: bool = True  # without NVLink: PCIe peer-to-peer between GPUs (False: through host memory)
+    #: total memory as the CUDA driver reports it (``torch.cuda.mem_get_info()[1]``), measured;
+    #: a little under ``memory_bytes`` (the driver keeps some). None: not measured here.
+    cuda_total_bytes: int | None = None
+
+    @property
+    def reported_memory_bytes(self) -> int:
+        """The total vLLM multiplies by ``gpu_memory_utilization``: the driver's figure where
+        one was measured, else the datasheet capacity (an overestimate by a few hundred MiB)."""
+        return self.memory_bytes if self.cuda_total_bytes is None else self.cuda_total_bytes
 
     @property
     def link_bandwidth(self) -> float:
@@ -88,7 +97,10 @@ GPUS = {
     "mi300x": GPUSpec("MI300X", 192 * 10**9, 5.3e12, 1307.4e12, 448e9, "gen5"),
     # NVIDIA Ada whitepaper (2022), GeForce RTX 4090: 24 GB GDDR6X, 1,008 GB/s, bf16 with fp32
     # accumulate 165.2 TF dense; no NVLink; PCIe 4.0 x16; peer-to-peer disabled on GeForce.
-    "rtx4090": GPUSpec("RTX 4090", 24 * GiB, 1.008e12, 165.2e12, 0.0, "gen4", p2p=False),
+    # The driver reports 25,250,627,584 bytes (device_total_memory_bytes of the vLLM 0.19 run
+    # in shared/validation/vllm-0.19-rtx4090-llama-3.1-8b/vllm/meta.json).
+    "rtx4090": GPUSpec("RTX 4090", 24 * GiB, 1.008e12, 165.2e12, 0.0, "gen4", p2p=False,
+                       cuda_total_bytes=25_250_627_584),
     # NVIDIA L40S datasheet (2023): 48 GB GDDR6, 864 GB/s, bf16 362.05 TF dense (733 sparse);
     # no NVLink; PCIe 4.0 x16.
     "l40s": GPUSpec("L40S", 48 * GiB, 864e9, 362.05e12, 0.0, "gen4"),

@@ -1,7 +1,7 @@
 """Operator profiles: measured operator times of one model on one GPU, as lookup tables.
 
 The ``profiled`` cost model reads them; ``kvsim calibrate --import DIR`` writes them from
-a public profile bundle (``gpu_validation.import_profile``). Plain Python + PyYAML (no
+a public profile bundle (``simulator.cost_model.profile_import``). Plain Python + PyYAML (no
 numpy, simpy or pydantic), so ``gpu_validation`` can write the format without the simulator.
 One YAML file per profile::
 

@@ -1,8 +1,8 @@
 """Typed values out of a parsed YAML profile, each error naming ``file: key.path``.
 
-Shared by both profile formats (the operator profile here and the calibration profile in
-``gpu_validation``), so a malformed file reads the same one-line way in either. Plain
-Python: ``gpu_validation`` imports it on a GPU machine without simpy or pydantic.
+Shared by both profile formats (``operator_profile`` and ``calibration_profile``, both in
+this package), so a malformed file reads the same one-line way in either. Plain
+Python: ``gpu_validation`` writes calibration profiles on a GPU machine without simpy or pydantic.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from gpu_validation import bench  # noqa: E402
-from gpu_validation.profile import read_profile  # noqa: E402
+from simulator.cost_model.calibration_profile import read_profile  # noqa: E402
 
 REPO = Path(__file__).parents[2]
 

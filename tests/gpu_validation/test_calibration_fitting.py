@@ -9,8 +9,8 @@ from gpu_validation.fitting import (
     fit_transfer,
     nonneg_relative_lstsq,
 )
-from gpu_validation.profile import ProfileMetadata
 from gpu_validation.report import hbm_peak_from_name, summarize
+from simulator.cost_model.calibration_profile import ProfileMetadata
 
 
 def test_decode_fit_recovers_generating_coefficients():

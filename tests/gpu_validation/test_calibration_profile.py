@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpu_validation.profile import (
+from gpu_validation.synthetic_profile import EXAMPLE_PATH, synthetic_profile
+from simulator.cost_model.calibration_profile import (
     GemmTable,
     ProfileError,
     read_profile,
     write_profile,
 )
-from gpu_validation.synthetic_profile import EXAMPLE_PATH, synthetic_profile
 
 
 def test_example_profile_is_marked_synthetic_and_complete():
@@ -44,7 +44,7 @@ def test_round_trip(tmp_path):
 
 def test_profile_reader_needs_neither_torch_nor_numpy():
     code = (
-        "import sys, gpu_validation.profile as m; m.read_profile(sys.argv[1]);"
+        "import sys, simulator.cost_model.calibration_profile as m; m.read_profile(sys.argv[1]);"
         "assert 'torch' not in sys.modules and 'numpy' not in sys.modules, sorted(sys.modules)"
     )
     subprocess.run(

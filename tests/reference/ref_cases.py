@@ -148,3 +148,107 @@ def cases(draw, max_count: int = 16) -> tuple[dict, list[Request]]:
     cfg = draw(configs())
     caching = cfg["allocator"].get("prefix_caching", False)
     return cfg, draw(workloads(cfg["model"]["max_seq_len"], caching, max_count=max_count))
+
+
+# --- vllm-v1 ------------------------------------------------------------------------------------
+@st.composite
+def v1_configs(draw, prefix_caching: bool | None = None) -> dict:
+    """``scheduler.policy: vllm-v1``: small token budgets so prompts are chunked, long-prefill
+    thresholds, partial-prefill limits, full-input reservation on and off, small caches so
+    running requests preempt each other, block sizes 1-256, 1-3 replicas. Lengths that are
+    not powers of two leave the cache's whole blocks short of ``max_seq_len``, so requests
+    that fit the model but not the cache are rejected."""
+    max_len = draw(st.sampled_from([100, 128, 200, 256, 512]))
+    kv_slots = draw(st.one_of(st.integers(max_len, 2 * max_len), st.integers(max_len, 5 * max_len)))
+    cfg = base_config(max_len, kv_slots, 0)
+    caching = draw(st.booleans()) if prefix_caching is None else prefix_caching
+    B = draw(st.sampled_from([b for b in BLOCK_SIZES if b <= kv_slots]))
+    cfg["allocator"] = {"kind": "paged", "block_size": B, "prefix_caching": caching}
+    max_num_seqs = draw(st.sampled_from([1, 2, 3, 4, 8, 256, 256]))
+    budget = draw(st.sampled_from([1, 7, 16, 32, 50, 128, 512, 2048]))
+    cfg["scheduler"] = {
+        "policy": "vllm-v1",
+        "max_num_seqs": max_num_seqs,
+        "max_num_batched_tokens": max(budget, max_num_seqs),  # a decode step fits the budget
+        "long_prefill_token_threshold": draw(st.sampled_from([0, 0, 0, 5, 16, 40])),
+        "max_num_partial_prefills": draw(st.sampled_from([None, None, 1, 2])),
+        "reserve_full_isl": draw(st.booleans()),
+        "router": draw(st.sampled_from(["round_robin", "least_outstanding_tokens"])),
+        "macro_steps": draw(st.sampled_from([True, True, True, False])),
+    }
+    cfg["hardware"]["num_replicas"] = draw(st.sampled_from([1, 1, 2, 3]))
+    window = draw(st.sampled_from(["busy", "saturated", "explicit"]))
+    if window == "explicit":
+        cfg["metrics"] = {
+            "window_start_s": draw(st.sampled_from([None, 0.05])),
+            "window_end_s": draw(st.sampled_from([0.2, 1.0])),
+        }
+    else:
+        cfg["metrics"] = {"window": window}
+    cfg["metrics"]["step_table"] = draw(st.booleans())
+    cfg["seed"] = draw(st.integers(0, 3))
+    return cfg
+
+
+@st.composite
+def token_prompts(draw, count: int, max_prompt: int) -> list[tuple[int, ...]]:
+    """Prompts as token ids: a few bases that prompts start with (cut anywhere, so shared
+    prefixes end mid-block), then their own tokens from a small vocabulary."""
+    bases = draw(
+        st.lists(
+            st.lists(st.integers(0, 3), min_size=max_prompt, max_size=max_prompt),
+            min_size=1,
+            max_size=3,
+        )
+    )
+    prompts = []
+    for _ in range(count):
+        shared = draw(st.integers(0, max_prompt))
+        base = draw(st.sampled_from(bases))[:shared]
+        own = draw(st.lists(st.integers(0, 3), min_size=0, max_size=max_prompt - shared))
+        prompts.append(tuple(base + own) or (0,))
+    return prompts
+
+
+@st.composite
+def v1_workloads(draw, max_len: int, max_count: int = 12) -> list[Request]:
+    """One-sequence requests (a rare n > 1 or beam request: rejected under v1) with shared
+    prefixes: prefix ids, Mooncake hash ids, or real token ids."""
+    count = draw(st.integers(1, max_count))
+    sharing = draw(st.sampled_from(["none", "prefix", "hash", "tokens", "mixed"]))
+    tokens = draw(token_prompts(count, max_len // 2)) if sharing == "tokens" else []
+    requests, t = [], 0.0
+    for i in range(count):
+        t += draw(st.sampled_from([0.0, 0.0, 0.0013, 0.011, 0.011, 0.07, 0.31]))
+        kind = (
+            sharing
+            if sharing != "mixed"
+            else draw(st.sampled_from(["none", "prefix", "hash", "prefix", "hash", "samples"]))
+        )
+        prompt = draw(
+            st.integers(1, max_len // 2) if draw(st.integers(0, 9)) else st.integers(1, max_len + 8)
+        )
+        output = draw(st.integers(1, max_len // 2))
+        extra: dict = {}
+        if kind == "samples":
+            extra["n"] = 2
+        elif kind == "prefix":
+            extra["prefix_id"] = f"p{draw(st.integers(0, 2))}"
+            extra["prefix_tokens"] = draw(st.sampled_from([16, 64, 100, prompt, max_len]))
+        elif kind == "hash":
+            blocks = -(-prompt // HASH_BLOCK_TOKENS)
+            extra["hash_ids"] = tuple(
+                draw(st.lists(st.integers(0, 3), min_size=blocks, max_size=blocks))
+            )
+            extra["hash_block_tokens"] = HASH_BLOCK_TOKENS
+        elif kind == "tokens":
+            extra["token_ids"] = tokens[i]
+            prompt = len(tokens[i])
+        requests.append(Request(i, round(t, 6), prompt, output, **extra))
+    return requests
+
+
+@st.composite
+def v1_cases(draw, prefix_caching: bool | None = None) -> tuple[dict, list[Request]]:
+    cfg = draw(v1_configs(prefix_caching))
+    return cfg, draw(v1_workloads(cfg["model"]["max_seq_len"]))

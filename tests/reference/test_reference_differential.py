@@ -6,8 +6,8 @@ the fast path advances runs of decode steps in closed form over lazy tables. The
 agree on every request, every step total and every memory class (``ref_compare``).
 
 Examples per run: 60 by default (a few seconds); ``KVSIM_HYPOTHESIS_PROFILE=long`` runs
-3000. A failure prints the shrunk case as code to paste into
-``test_reference_regressions.py``.
+3000. The same for ``scheduler.policy: vllm-v1`` (``ref_cases.v1_cases``). A failure prints
+the shrunk case as code to paste into ``test_reference_regressions.py``.
 """
 
 from __future__ import annotations
@@ -18,12 +18,21 @@ from dataclasses import replace
 import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
-from ref_cases import SLOTS_PER_GIB, base_config, cases, configs, workloads
+from ref_cases import (
+    SLOTS_PER_GIB,
+    base_config,
+    cases,
+    configs,
+    token_prompts,
+    v1_cases,
+    workloads,
+)
 from ref_compare import assert_same, case_source, differences
 
+from policies.reference_paged import ReferenceFreeQueueAllocator
 from simulator.config import ExperimentConfig
 from simulator.cost_model.roofline import RooflineCostModel
-from simulator.reference import ReferenceReplica, simulate
+from simulator.reference import ReferenceReplica, ReferenceV1Replica, simulate
 from traces import Request
 
 PROFILES = {"default": 60, "long": 3000}
@@ -153,6 +162,62 @@ def test_contiguous_placement_under_fragmentation_equals_reference(
     assert_same(config, requests)
 
 
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(v1_cases())
+def test_vllm_v1_fast_engine_equals_reference(case):
+    """``scheduler.policy: vllm-v1``: token budgets down to one token (prompts chunked over
+    many steps), long-prefill thresholds, partial-prefill limits, full-input reservation on
+    and off, caches of one or a few requests (recompute preemptions), 1-3 replicas."""
+    config, requests = case
+    note(case_source(config, requests))
+    assert_same(config, requests)
+
+
+@settings(
+    max_examples=max(EXAMPLES // 2, 20),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(v1_cases(prefix_caching=True))
+def test_vllm_v1_prefix_caching_equals_reference(case):
+    """vLLM v1's prefix cache: prefix ids, hash ids and token ids shared by requests, hits on
+    blocks in use and in the free queue, lazy evictions, a preempted request hitting its own
+    freed blocks."""
+    config, requests = case
+    note(case_source(config, requests))
+    assert_same(config, requests)
+
+
+@st.composite
+def token_id_cases(draw) -> tuple[dict, list[Request]]:
+    """Paged vllm-v0 configs with prefix caching, and prompts given as token ids."""
+    config = draw(configs().filter(lambda c: c["allocator"]["kind"] == "paged"))
+    config["allocator"]["prefix_caching"] = True
+    max_len = config["model"]["max_seq_len"]
+    prompts = draw(token_prompts(draw(st.integers(1, 12)), max_len // 2))
+    requests, t = [], 0.0
+    for i, prompt in enumerate(prompts):
+        t += draw(st.sampled_from([0.0, 0.0013, 0.011, 0.07]))
+        output = draw(st.integers(1, max_len // 2))
+        requests.append(Request(i, round(t, 6), len(prompt), output, token_ids=prompt))
+    return config, requests
+
+
+@settings(
+    max_examples=max(EXAMPLES // 3, 20), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+@given(token_id_cases())
+def test_token_id_prefixes_equal_reference(case):
+    """vllm-v0 prefix caching over prompts' token ids: blocks named by their tokens, chained."""
+    config, requests = case
+    note(case_source(config, requests))
+    assert_same(config, requests)
+
+
 def test_the_comparison_sees_a_planted_difference(monkeypatch):
     """The comparison is not vacuous: a reference that recomputes one token too many,
     or a fast path whose decode steps take longer, is caught."""
@@ -183,3 +248,38 @@ def test_the_comparison_sees_a_planted_difference(monkeypatch):
     monkeypatch.setattr(RooflineCostModel, "decode_segment", slower)
     with pytest.raises(AssertionError, match="paste into a regression"):
         assert_same(config, requests)
+
+
+def test_the_v1_comparison_sees_a_planted_difference(monkeypatch):
+    """Under vllm-v1 too: a reference that puts a preempted request at the back of the
+    waiting queue instead of the front, or frees blocks first to last, disagrees with the
+    fast engine."""
+    config = base_config(64, 64, 0)
+    config["allocator"] = {"kind": "paged", "block_size": 4, "prefix_caching": True}
+    config["scheduler"] = {"policy": "vllm-v1", "max_num_seqs": 8, "max_num_batched_tokens": 24}
+    requests = [
+        Request(i, 0.003 * i, 20, 24, prefix_id="p", prefix_tokens=12) for i in range(4)
+    ] + [Request(4, 0.5, 30, 2, prefix_id="p", prefix_tokens=12)]
+    assert differences(config, requests) == []
+    result = simulate(ExperimentConfig.model_validate(config), requests)
+    assert result.requests["preemptions"].sum() > 0, "the case must preempt"
+
+    real_preempt = ReferenceV1Replica.preempt
+
+    def to_the_back(self, g, step):
+        real_preempt(self, g, step)
+        self.waiting.append(self.waiting.popleft())
+
+    monkeypatch.setattr(ReferenceV1Replica, "preempt", to_the_back)
+    assert differences(config, requests)
+    monkeypatch.undo()
+
+    def forward_free(self, s):
+        for b in self.tables.pop(s):
+            self.holders[b] -= 1
+            if self.holders[b] == 0:
+                self.free_queue.append(b)
+        del self.kv[s], self.final[s], self.offered[s]
+
+    monkeypatch.setattr(ReferenceFreeQueueAllocator, "free", forward_free)
+    assert differences(config, requests)

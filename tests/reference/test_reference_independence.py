@@ -7,10 +7,11 @@ import ast
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
-from ref_cases import cases
+from hypothesis import strategies as st
+from ref_cases import cases, v1_cases
 
 from simulator.config import ExperimentConfig
-from simulator.reference import ReferenceReplica, simulate
+from simulator.reference import ReferenceReplica, ReferenceV1Replica, simulate
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = (
@@ -64,22 +65,25 @@ def test_the_import_check_sees_a_forbidden_import(tmp_path):
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(cases())
+@given(st.one_of(cases(), v1_cases()))
 def test_reference_allocators_balance_their_books_after_every_step(case):
     config, requests = case
     checks = []
-    real = ReferenceReplica.complete
+    replica = (
+        ReferenceV1Replica if config["scheduler"].get("policy") == "vllm-v1" else ReferenceReplica
+    )
+    real = replica.complete
 
     def complete_and_check(self, step, now):
         real(self, step, now)
         self.alloc.check()
         checks.append(1)
 
-    ReferenceReplica.complete = complete_and_check
+    replica.complete = complete_and_check
     try:
         result = simulate(ExperimentConfig.model_validate(config), requests)
     finally:
-        ReferenceReplica.complete = real
+        replica.complete = real
     assert len(checks) == result.totals.iterations
     for alloc in result.allocators:  # everything ended: all memory is back
         m = alloc.memory()

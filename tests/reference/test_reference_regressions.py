@@ -219,3 +219,89 @@ def test_calibrated_cost_model_with_samples_under_pressure(block_size, mode):
     result = simulate(cfg_model, requests, make_cost_factory(cfg_model, CONFIGS))
     assert result.requests["preemptions"].sum() > 0, "the case must exercise preemption"
     assert_same(cfg, requests)
+
+
+# --- vllm-v1 -------------------------------------------------------------------------------------
+def test_v1_azure_conversation_head_chunked_under_memory_pressure():
+    """The quickstart's Azure conversation head under vllm-v1: a 512-token budget and a
+    256-token long-prefill threshold chunk the long prompts into mixed steps, and a 2 GiB
+    cache makes running requests preempt (recompute) the most recently admitted."""
+    cfg, requests = load(
+        "quickstart.yaml",
+        "workload.window.num_requests=60",
+        "hardware.kv_cache_gb=2",
+        "metrics.window=saturated",
+        "scheduler.max_num_seqs=32",
+        "scheduler.policy=vllm-v1",
+        "preemption.mode=recompute",
+        "scheduler.max_num_batched_tokens=512",
+        "scheduler.long_prefill_token_threshold=256",
+    )
+    result = simulate(cfg, requests)
+    assert result.requests["preemptions"].sum() > 0, "the case must exercise preemption"
+    mixed = (result.steps["prefill_tokens"] > 0) & (result.steps["decode_tokens"] > 0)
+    assert mixed.any(), "the case must mix prefill chunks with decodes"
+    assert_same(cfg, requests)
+
+
+def test_v1_mooncake_head_with_prefix_caching():
+    """The Mooncake head (hash ids of 512-token blocks) under vllm-v1 with prefix caching on a
+    4 GiB cache: prompts up to ~30K tokens chunked into a 2048-token budget, cache hits,
+    lazy evictions from the free queue, and preemptions."""
+    cfg, requests = load(
+        "vllm_paper/mooncake_prefix.yaml",
+        "workload.window.num_requests=100",
+        "hardware.kv_cache_gb=4",
+        "model.max_seq_len=32768",
+        "scheduler.policy=vllm-v1",
+        "preemption.mode=recompute",
+        "scheduler.max_num_batched_tokens=2048",
+    )
+    result = simulate(cfg, requests)
+    assert result.totals.counters["cached_tokens"] > 0, "the case must hit the prefix cache"
+    assert sum(a.evictions for a in result.allocators) > 0, "the case must evict cached blocks"
+    assert result.requests["preemptions"].sum() > 0, "the case must exercise preemption"
+    assert_same(cfg, requests)
+
+
+def test_v1_a_finish_ends_a_decode_run_when_a_request_waits_for_a_seat():
+    """max_num_seqs 2: r0 and r1 decode while r2 waits for a seat. r0 finishes at the end of
+    step 2, so step 3 admits r2 next to r1's decode: r2 is scheduled at step 3's start and
+    finishes with r1 at its end. (The fast engine once ran r1's remaining decodes as one
+    closed-form run and admitted r2 only after it.)"""
+    cfg = base_config(128, 128, 0)
+    cfg["allocator"] = {"kind": "paged", "block_size": 1}
+    cfg["scheduler"] = {"policy": "vllm-v1", "max_num_seqs": 2, "max_num_batched_tokens": 64}
+    requests = [Request(0, 0.0, 1, 3), Request(1, 0.0, 1, 4), Request(2, 0.0, 1, 1)]
+    result = simulate(ExperimentConfig.model_validate(cfg), requests)
+    steps = result.steps
+    r = result.requests.set_index("request_id")
+    assert r.loc[2, "scheduled_s"] == steps["start_s"].iloc[3]
+    assert r.loc[2, "finish_s"] == r.loc[1, "finish_s"] == steps["start_s"].iloc[3] + steps[
+        "duration_s"
+    ].iloc[3]
+    assert_same(cfg, requests)
+
+
+def test_v1_recompute_tokens_are_counted_chunk_by_chunk():
+    """A 71-token request on a 1-slot-block cache with a 3-token budget is preempted and
+    catches up over many 3-token chunks; each step counts the recomputed tokens it computes
+    (never more than its prefill tokens), so the recompute share of a step's time is at
+    most the whole step. Counting them all at re-admission gave one 3-token step 93
+    recomputed tokens: 31 times its length. (Shrunk by hypothesis.)"""
+    cfg = base_config(256, 256, 0)
+    cfg["allocator"] = {"kind": "paged", "block_size": 1}
+    cfg["scheduler"] = {
+        "policy": "vllm-v1",
+        "max_num_seqs": 3,
+        "max_num_batched_tokens": 3,
+        "reserve_full_isl": False,
+    }
+    requests = [Request(0, 0.0, 71, 94), Request(1, 0.0, 1, 1), Request(2, 0.0, 1, 1),
+                Request(3, 0.0, 1, 93)]
+    result = simulate(ExperimentConfig.model_validate(cfg), requests)
+    assert result.requests["preemptions"].sum() > 0, "the case must exercise preemption"
+    steps = result.steps
+    assert (steps["recompute_tokens"] <= steps["prefill_tokens"]).all()
+    assert steps["recompute_tokens"].sum() > steps["prefill_tokens"].max()
+    assert_same(cfg, requests)

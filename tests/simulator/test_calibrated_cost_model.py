@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpu_validation.model_shapes import MODEL_SHAPES, layer_gemms
-from gpu_validation.profile import ProfileError, read_profile, write_profile
 from gpu_validation.synthetic_profile import EXAMPLE_PATH
 from simulator.cost_model import GPUS, MODELS, BatchShape, RooflineCostModel, RooflineParams
 from simulator.cost_model.base import causal_attention_pairs
 from simulator.cost_model.calibrated import CalibratedCostModel, load_profile_for
+from simulator.cost_model.calibration_profile import ProfileError, read_profile, write_profile
+from simulator.cost_model.gemm_shapes import layer_gemms
 
 RAW = yaml.safe_load(EXAMPLE_PATH.read_text())
 NO_OVERHEAD = RooflineParams(step_overhead_s=0.0)
@@ -183,27 +183,14 @@ def test_load_profile_for_paths_and_names(tmp_path):
         load_profile_for("nope.yaml", tmp_path)
 
 
-@pytest.mark.parametrize("name", sorted(MODEL_SHAPES))
-def test_bench_shapes_agree_with_the_simulator_catalogue(name):
-    """gpu_validation cannot import the simulator, so it repeats the model shapes."""
-    shape, spec = MODEL_SHAPES[name], MODELS[name]
-    for field in (
-        "num_layers",
-        "hidden_size",
-        "num_heads",
-        "num_kv_heads",
-        "ffn_size",
-        "vocab_size",
-        "gated_ffn",
-        "head_dim",
-    ):
-        assert getattr(shape, field) == getattr(spec, field), field
-    # the timed GEMMs of a layer hold exactly the layer's weights
-    gemms = layer_gemms(
-        spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.ffn_size, spec.gated_ffn,
-        head_dim=spec.head_dim,
-    )
-    assert sum(n * k for n, k in gemms) == spec.layer_params
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_timed_gemms_of_a_layer_hold_exactly_its_weights(name):
+    """The bench times, and the calibrated model looks up, one list of shapes (gemm_shapes);
+    at TP 1 its matrices are the layer's weights, at TP 2 each GPU holds its half of them."""
+    spec = MODELS[name]
+    assert sum(n * k for n, k in layer_gemms(spec)) == spec.layer_params
+    if spec.num_kv_heads % 2 == 0:
+        assert 2 * sum(n * k for n, k in layer_gemms(spec, 2)) == spec.layer_params
 
 
 def test_every_catalogue_model_runs_on_the_example_profile(profile):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from simulator.capacity import kv_cache_bytes, kv_slots
+from simulator.capacity import kv_slots
 from simulator.cost_model import GPUS, MODELS, BatchShape, RooflineCostModel, RooflineParams
 from simulator.cost_model.base import causal_attention_pairs
 from simulator.cost_model.catalogue import GiB
@@ -27,13 +27,6 @@ def test_opt13b_kv_per_token_and_paper_slots():
 
 def test_gqa_shrinks_kv():
     assert MODELS["llama-2-70b"].kv_bytes_per_token == 2 * 80 * 8 * 128 * 2
-
-
-def test_capacity_subtracts_weights_per_gpu():
-    m, g = MODELS["llama-2-7b"], GPUS["a100-80gb"]
-    expected = 80 * GiB * 0.9 - m.weight_bytes - 1 * GiB
-    assert kv_cache_bytes(m, g, 1, 0.9, 1 * GiB) == pytest.approx(expected)
-    assert kv_cache_bytes(MODELS["opt-175b"], g, 1, 0.9, 0) < 0  # does not fit on one GPU
 
 
 def test_decode_step_is_weight_bound_at_small_batch():

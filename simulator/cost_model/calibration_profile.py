@@ -1,7 +1,10 @@
 """Calibration profiles: what ``kvsim calibrate`` measured on one GPU, as fitted formulas.
 
-Plain Python + PyYAML only (no torch, no numpy): the simulator reads profiles on machines
-without a GPU. A profile is one YAML file::
+The one home of the format: ``gpu_validation`` writes it (importing this module, the arrow
+DESIGN.md allows) and the ``calibrated`` cost model reads it. Plain Python + PyYAML only (no
+torch, numpy, simpy or pydantic): the simulator reads profiles on machines without a GPU,
+and the bench writes them on a GPU machine without the simulator's dependencies. A profile
+is one YAML file::
 
     kvsim_profile: 1
     metadata:            # where and how it was measured

@@ -26,7 +26,9 @@ head and the sampler once per step over the sampled sequences. Qwen3 adds a per-
 profiled model times a decode batch at its mean context. The importer measures what that
 costs on the bundle's own skew shots and records it in the profile's notes.
 
-Plain Python + PyYAML: no torch, numpy, simpy or pydantic.
+Plain Python + PyYAML: no torch, numpy, simpy or pydantic. It needs no GPU, so it lives with
+the format it writes (``operator_profile``), not in ``gpu_validation``, which the simulator
+never imports.
 """
 
 from __future__ import annotations

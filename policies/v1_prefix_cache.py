@@ -1,0 +1,197 @@
+"""Paged allocation with vLLM v1's prefix cache (``scheduler.policy: vllm-v1`` with
+``allocator.prefix_caching: true``).
+
+What differs from the paged allocator's own (v0-style) cache, after vLLM 0.19's
+``vllm/v1/core/block_pool.py`` and ``kv_cache_manager.py``:
+
+- Every *full* block of a sequence has an identity: the blocks the request's shared prefix
+  names (``prefix_contents``: hash ids, a prefix id or token ids, chained) use it; every
+  other full block (the rest of the prompt, generated tokens) is named
+  ``("u", request_id, block_index)``, so only the request itself can hit it, after a
+  preemption. A block's identity is fixed by its position and content, so a chain is
+  implied. A partly filled block has none.
+- The cache holds no reference: a block no sequence holds is *free*, cached or not, and
+  waits in one FIFO free queue (:class:`~policies.block_pool.QueuedBlockPool`). A sequence
+  frees its blocks last-to-first to the tail; allocation takes the head and forgets the
+  identity of a cached block it takes (lazy eviction, counted in ``evictions``); a hit on a
+  free block takes it out of the queue.
+- A hit is the longest run of leading full blocks whose identities are cached, capped at
+  ``(num_tokens - 1) // block_size`` blocks (the last token is always computed).
+- If two sequences compute the same identity, the first registration stays the cached
+  block; the other is an uncached duplicate.
+
+When blocks are named: the blocks a prefill chunk fills are registered when its step
+completes (:meth:`register_full`); blocks filled by decode steps are named when their
+sequence frees them. The two are the same thing: a generated-token block's identity is
+unique to its request, no other request can look it up, and its own request looks up
+only after it has freed it; and no older cached copy of such a block can exist when it
+fills (a request's cached blocks from before a preemption end before the tokens it had
+then, and it computes those again in prefill chunks). So runs of decode steps (macro
+steps) register nothing, as they must to stay O(events).
+
+Memory classes: a cached free block is free (reusable), as in the v0 cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+from policies.block_pool import QueuedBlockPool
+from policies.kv_allocator import MemoryUsage
+from policies.paged_allocator import PagedAllocator
+
+
+class V1PrefixCacheAllocator(PagedAllocator):
+    """``num_blocks`` GPU blocks of ``block_size`` slots, vLLM v1's free queue and prefix
+    cache; driven by :class:`simulator.scheduler_v1.SchedulerV1` (``open_seq``,
+    ``extend``, ``free``). No swapping (v1 preempts by recompute only)."""
+
+    def __init__(self, num_blocks: int, block_size: int):
+        super().__init__(num_blocks, block_size, 0, prefix_caching=True)
+        self.pool = QueuedBlockPool(num_blocks, block_size)
+        self._names: dict[int, tuple[list[int], int]] = {}  # seq -> (shared prefix keys, request id)
+        self._named: dict[int, int] = {}  # seq -> leading blocks already named (registered or duplicate)
+
+    # --- identities ----------------------------------------------------------------------
+    def prefix_keys(self, prefix: Sequence[Hashable]) -> list[int]:
+        """Chained identities of the blocks a request's shared prefix names."""
+        return self._keys(prefix)
+
+    @staticmethod
+    def _identity(keys: list[int], request_id: int, i: int) -> Hashable:
+        return keys[i] if i < len(keys) else ("u", request_id, i)
+
+    def lookup(self, keys: list[int], request_id: int, num_tokens: int) -> list[int]:
+        """Cached blocks of the longest leading run of a request's full blocks, at most
+        ``(num_tokens - 1) // block_size`` of them."""
+        cached, hits = self._cached, []
+        for i in range((num_tokens - 1) // self.block_size):
+            b = cached.get(keys[i] if i < len(keys) else ("u", request_id, i))
+            if b is None:
+                break
+            hits.append(b)
+        return hits
+
+    def in_use(self, blocks: list[int]) -> int:
+        """How many of ``blocks`` some sequence holds (the rest wait in the free queue)."""
+        rc = self.pool._refcount
+        return sum(1 for b in blocks if rc[b])
+
+    def take_hits(self, blocks: list[int]) -> None:
+        """Hold the hit blocks (a free one leaves the queue), before fresh blocks are taken."""
+        pool = self.pool
+        for b in blocks:
+            if pool._refcount[b]:
+                pool.share(b)
+            else:
+                pool.reclaim(b)
+                self._token_states += self.block_size  # cached blocks are full
+        self.prefix_hits += len(blocks)
+
+    def name(self, seq_id: int, keys: list[int], request_id: int, hit_blocks: int, lookups: int) -> None:
+        """Say what a newly resident sequence's blocks hold (its first ``hit_blocks`` are
+        cached already; ``lookups``: full blocks it looked up, for the hit ratio)."""
+        self._names[seq_id] = (keys, request_id)
+        self._named[seq_id] = hit_blocks
+        self.prefix_lookups += lookups
+
+    def register_full(self, seq_id: int) -> None:
+        """Cache the sequence's blocks that are full now and not yet named (the first
+        block computed with an identity stays its cached copy)."""
+        full = (self._kv[seq_id] + self._clock) // self.block_size
+        start = self._named[seq_id]
+        if full <= start:
+            return
+        keys, rid = self._names[seq_id]
+        table, cached, key_of = self._tables[seq_id], self._cached, self._key_of
+        for i in range(start, full):
+            key = keys[i] if i < len(keys) else ("u", rid, i)
+            if key not in cached:
+                cached[key] = table[i]
+                key_of[table[i]] = key
+        self._named[seq_id] = full
+
+    # --- taking and freeing blocks ---------------------------------------------------------
+    def _forget(self, block: int) -> None:
+        key = self._key_of.pop(block, None)
+        if key is not None:
+            del self._cached[key]
+            self.evictions += 1
+
+    def _take(self) -> int:
+        block = self.pool.allocate()
+        self._forget(block)
+        return block
+
+    def _take_many(self, count: int) -> list[int]:
+        blocks = self.pool.allocate_many(count)
+        if self._key_of:
+            for b in blocks:
+                self._forget(b)
+        return blocks
+
+    def _release_gpu(self, table: list[int]) -> None:
+        """Last block first to the tail of the free queue (vLLM frees in reverse order, so
+        a request's tail is evicted before its head)."""
+        filled, B, release = self._filled, self.block_size, self.pool.release
+        for b in reversed(table):
+            if release(b):
+                self._token_states -= filled[b]
+                filled[b] = B
+
+    def free(self, seq_id: int) -> None:
+        self.register_full(seq_id)
+        super().free(seq_id)
+        del self._names[seq_id], self._named[seq_id]
+
+    def _pending_copies(self) -> list[int]:
+        """None: a hit covers whole blocks and a sequence computes at least one token past
+        it, so its partly filled last block is always its own (nothing to copy on write)."""
+        return []
+
+    def usage(self) -> MemoryUsage:
+        """The classes from running totals, in O(1): a sequence's last block, the only one
+        with room in it, is always its own (see ``_pending_copies``), so every allocated
+        slot past a sequence's tokens is its own reservation or beyond its final length,
+        however its full blocks are shared. (``check`` compares with the table walk.)"""
+        B = self.block_size
+        free = len(self.pool._free) * B
+        reserved = self._res_blocks * B - self._res_base - self._res_seqs * self._clock - self._res_over
+        return MemoryUsage(self.capacity, self._token_states, reserved,
+                           self.capacity - free - self._token_states - reserved, free, self._res_blocks * B)
+
+    # --- the v0 entry points do not apply ----------------------------------------------
+    def check_admit(self, *args, **kwargs):
+        raise NotImplementedError("the v1 prefix cache is driven by SchedulerV1 (lookup, open_seq, extend)")
+
+    def admit(self, *args, **kwargs):
+        raise NotImplementedError("the v1 prefix cache is driven by SchedulerV1 (lookup, open_seq, extend)")
+
+    # --- invariants -------------------------------------------------------------------
+    def _check_blocks(self, resident: list[int]) -> None:
+        for s in resident:
+            self._refresh_fill(s)
+        self.pool.check()
+        n = self.pool.num_blocks
+        refs = [0] * n
+        for s in resident:
+            table = self._tables[s]
+            for b in table:
+                refs[b] += 1
+            assert -(-self.kv_len(s) // self.block_size) == len(table), f"seq {s}: table length"
+            assert self.kv_len(s) <= self._final[s], f"seq {s}: longer than its final length"
+            assert self._named[s] <= len(table), f"seq {s}: named past its table"
+        for b in range(n):
+            assert refs[b] == self.pool.refcount(b), f"GPU block {b}: refcount is not exact"
+        assert len(self._key_of) == len(self._cached), "cache index sizes differ"
+        for key, b in self._cached.items():
+            assert self._key_of[b] == key, f"cache index of block {b} is inconsistent"
+            assert self._filled[b] == self.block_size, f"cached block {b} is not full"
+        in_use = sum(self._filled[b] for b in range(n) if refs[b])
+        assert in_use == self._token_states, "token_states drifted from the blocks' contents"
+        assert self._res_seqs == len(resident), "resident sequence count drifted"
+        assert self._res_base == sum(self._kv[s] for s in resident), "resident kv total drifted"
+        assert self._res_blocks == sum(len(self._tables[s]) for s in resident), "resident block total drifted"
+        assert self._res_over == sum(self._over(s) for s in resident), "over-final total drifted"
+        assert self.usage() == self._usage_walk()
+        self.usage().check()

@@ -1,0 +1,141 @@
+"""vLLM v1's free block queue and the prefix cache built on it (policies/free_block_queue.py,
+QueuedBlockPool, V1PrefixCacheAllocator): eviction order, hits out of the middle,
+first-registration-wins, and exact memory classes."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policies.block_pool import OutOfBlocks, QueuedBlockPool
+from policies.free_block_queue import FreeBlockQueue
+from policies.v1_prefix_cache import V1PrefixCacheAllocator
+
+
+def test_queue_is_fifo_with_removal_from_the_middle():
+    q = FreeBlockQueue(range(5))
+    assert q.popleft() == 0
+    q.remove(2)
+    q.append(0)  # freed: to the tail
+    assert list(q) == [1, 3, 4, 0] and len(q) == 4 and 3 in q and 2 not in q
+    assert q.popleft_many(2) == [1, 3]
+    with pytest.raises(ValueError, match="already in the free queue"):
+        q.append(4)
+    with pytest.raises(ValueError, match="not in the free queue"):
+        q.remove(7)
+    with pytest.raises(IndexError):
+        q.popleft_many(3)
+
+
+def test_queued_pool_takes_the_head_and_frees_to_the_tail():
+    pool = QueuedBlockPool(4, 16)
+    assert pool.allocate_many(2) == [0, 1]  # index order at first
+    pool.reclaim(3)  # a hit on a free block takes it out of the middle
+    assert pool.refcount(3) == 1 and list(pool._free) == [2]
+    pool.release_all([1, 0])
+    assert list(pool._free) == [2, 1, 0]
+    assert pool.allocate() == 2
+    pool.check()
+    with pytest.raises(OutOfBlocks):
+        pool.allocate_many(3)
+
+
+def cache(num_blocks=8, B=4):
+    return V1PrefixCacheAllocator(num_blocks, B)
+
+
+def test_a_request_frees_last_block_first_so_its_tail_is_evicted_first():
+    """Sequence 0 (request 7) holds 3 full blocks [0, 1, 2] and one partial, [3]; the
+    others wait in the queue [4..7]. Freed, its blocks join the tail last first: [.., 3, 2, 1,
+    0] and its full ones are named ("u", 7, i). Taking 5 blocks then evicts the four never
+    used ones, then block 3 (uncached: no eviction), and the next takes block 2 (its identity
+    ("u", 7, 2) evicted): a lookup now finds blocks 0 and 1 only."""
+    a = cache()
+    a.open_seq(0, [], 13, 13)
+    a.name(0, [], 7, 0, 3)
+    assert a._tables[0] == [0, 1, 2, 3]
+    a.free(0)
+    assert list(a.pool._free) == [4, 5, 6, 7, 3, 2, 1, 0]
+    assert a.lookup([], 7, 13) == [0, 1, 2]
+    a.open_seq(1, [], 20, 20)
+    a.name(1, [], 8, 0, 4)
+    assert a.evictions == 0
+    a.open_seq(2, [], 1, 1)
+    a.name(2, [], 9, 0, 0)
+    assert a.evictions == 1 and a._tables[2] == [2]
+    assert a.lookup([], 7, 13) == [0, 1]
+    a.check()
+
+
+def test_hit_on_a_free_block_leaves_the_queue_and_counts_as_held():
+    a = cache()
+    a.open_seq(0, [], 9, 9)
+    a.name(0, [], 0, 0, 2)
+    a.free(0)
+    hits = a.lookup([], 0, 9)
+    assert hits == [1, 0] or hits == [0, 1]
+    assert a.in_use(hits) == 0
+    a.take_hits(hits)
+    assert all(b not in a.pool._free for b in hits)
+    a.open_seq(1, hits, 9, 9)
+    a.name(1, [], 0, 2, 2)
+    u = a.usage()
+    assert u.token_states == 9 and u.free == (8 - 3) * 4
+    u.check()
+    a.check()
+
+
+def test_hit_is_capped_at_num_tokens_minus_one():
+    a = cache()
+    keys = a.prefix_keys(["x", "y"])
+    a.open_seq(0, [], 8, 10)
+    a.name(0, keys, 0, 0, 1)
+    a.register_full(0)
+    assert len(a.lookup(keys, 1, 9)) == 2  # 8 cached tokens of 9
+    assert len(a.lookup(keys, 1, 8)) == 1  # at most 7 of 8: one whole block
+
+
+def test_the_first_registration_stays_cached_and_the_duplicate_is_free_uncached():
+    """Two sequences computed the same shared block (both missed). The first registered
+    is the cached copy; freed, the second's copy is an uncached free block: taking it
+    evicts nothing, while taking the first's evicts its identity."""
+    a = cache(num_blocks=4)
+    keys = a.prefix_keys(["x"])
+    for s in (0, 1):
+        a.open_seq(s, [], 5, 5)
+        a.name(s, keys, s, 0, 1)
+    a.register_full(0)
+    a.register_full(1)
+    first, second = a._tables[0][0], a._tables[1][0]
+    assert a.lookup(keys, 2, 5) == [first]
+    a.free(1)
+    a.free(0)
+    taken = a._take_many(4)
+    assert taken.index(second) < taken.index(first) and a.evictions == 1
+    assert a.lookup(keys, 2, 5) == []
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 12), st.booleans()), min_size=1, max_size=40))
+def test_memory_classes_stay_exact_under_random_use(ops):
+    """Open, extend (decode-like and chunk-like), free and hit sequences at random: the
+    allocator's books (refcounts, free queue, cache index, token states, classes summing
+    to capacity) balance after every operation."""
+    a = cache(num_blocks=12)
+    keys = a.prefix_keys(["a", "b"])
+    live: dict[int, int] = {}
+    for s, tokens, grow in ops:
+        if s in live:
+            if grow and a.extend(s, min(tokens, 40 - a.kv_len(s))) if a.kv_len(s) < 40 else False:
+                a.register_full(s)
+            else:
+                a.free(s)
+                del live[s]
+        else:
+            hits = a.lookup(keys, s, tokens)
+            need = -(-tokens // 4) - a.in_use(hits)
+            if need <= a.num_free_blocks:
+                a.take_hits(hits)
+                a.open_seq(s, hits, tokens, 40)
+                a.name(s, keys, s, len(hits), (tokens - 1) // 4)
+                live[s] = tokens
+        a.check()
