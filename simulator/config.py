@@ -26,6 +26,7 @@ from pydantic import (
 from policies.contiguous_allocator import contiguous_preset
 from simulator.capacity import MemoryBudget, kv_slots, memory_budget
 from simulator.cost_model.catalogue import GPUS, MODELS, GiB, GPUSpec, ModelSpec
+from simulator.cost_model.roofline import RooflineParams, roofline_preset
 from simulator.workload import WorkloadConfig, numbers_are_not_booleans
 
 
@@ -221,6 +222,9 @@ class AllocatorConfig(Strict):
 
 V1_ONLY_KEYS = ("long_prefill_token_threshold", "max_num_partial_prefills", "reserve_full_isl")
 """Scheduler keys only ``policy: vllm-v1`` reads."""
+SGLANG_ONLY_KEYS = ("schedule_policy", "eviction_policy", "chunked_prefill_size", "enable_mixed_chunk",
+                    "schedule_conservativeness")
+"""Scheduler keys only ``policy: sglang`` reads (see ``simulator.scheduler_sglang``)."""
 
 
 class SchedulerConfig(Strict):
@@ -230,7 +234,7 @@ class SchedulerConfig(Strict):
     ``simulator.scheduler_v1``). ``batching: request`` is FasterTransformer's
     request-level batching (v0 only)."""
 
-    policy: Literal["vllm-v0", "vllm-v1"] = "vllm-v0"
+    policy: Literal["vllm-v0", "vllm-v1", "sglang"] = "vllm-v0"
     max_num_seqs: int = Field(256, ge=1)
     max_num_batched_tokens: int | None = Field(None, ge=1, description="default: vllm-v0 max(2048, "
                                                     "max_seq_len), vllm-v1 2048")
@@ -243,18 +247,26 @@ class SchedulerConfig(Strict):
                                                  "step; null = no limit")
     reserve_full_isl: bool = Field(True, description="v1: admit only when blocks for the whole sequence are free "
                                    "(vLLM's scheduler_reserve_full_isl)")
+    schedule_policy: Literal["lpm", "dfs-weight", "fcfs"] = Field("lpm", description="sglang: waiting-queue order")
+    eviction_policy: Literal["lru", "lfu", "fifo", "priority"] = Field("lru", description="sglang: radix cache "
+                                                                       "eviction order")
+    chunked_prefill_size: int | None = Field(8192, ge=1, description="sglang: most prompt tokens per step in "
+                                             "chunks; null = no chunking (SGLang's default depends on GPU memory)")
+    enable_mixed_chunk: bool = Field(False, description="sglang: running requests decode in prefill steps")
+    schedule_conservativeness: float = Field(1.0, gt=0, description="sglang: scales the initial new_token_ratio")
 
     @model_validator(mode="after")
     def _policy_keys(self) -> SchedulerConfig:
         """Judged by value, not presence: a resolved config carries every key at its default."""
-        if self.policy == "vllm-v0":
-            fields = type(self).model_fields
-            for key in V1_ONLY_KEYS:
-                if getattr(self, key) != fields[key].default:
-                    raise ValueError(f"{key}: allowed only with policy vllm-v1 (policy is vllm-v0)")
-        elif self.batching == "request":
-            raise ValueError("batching 'request' is not allowed with policy vllm-v1 (vLLM v1 batches per "
-                             "iteration)")
+        fields = type(self).model_fields
+        for only, keys in (("vllm-v1", V1_ONLY_KEYS), ("sglang", SGLANG_ONLY_KEYS)):
+            if self.policy != only:
+                for key in keys:
+                    if getattr(self, key) != fields[key].default:
+                        raise ValueError(f"{key}: allowed only with policy {only} (policy is {self.policy})")
+        if self.policy != "vllm-v0" and self.batching == "request":
+            raise ValueError(f"batching 'request' is not allowed with policy {self.policy} ({self.policy} batches "
+                             "per iteration)")
         return self
 
 
@@ -280,10 +292,30 @@ class CostModelConfig(Strict):
 
     kind: Literal["roofline", "calibrated", "profiled"] = "roofline"
     profile: str | None = None
-    compute_efficiency: float = Field(0.6, gt=0, le=1)
-    memory_efficiency: float = Field(0.8, gt=0, le=1)
-    step_overhead_s: float = Field(1e-3, ge=0)
+    # a named set of fitted roofline constants (``simulator.cost_model.roofline.ROOFLINE_PRESETS``,
+    # e.g. measured-rtx4090): sets the three below, which may then not be given
+    efficiencies: str | None = None
+    compute_efficiency: float = Field(RooflineParams.compute_efficiency, gt=0, le=1)
+    memory_efficiency: float = Field(RooflineParams.memory_efficiency, gt=0, le=1)
+    step_overhead_s: float = Field(RooflineParams.step_overhead_s, ge=0)
     swap_batched: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or data.get("efficiencies") is None:
+            return data
+        name = data["efficiencies"]
+        if data.get("kind", "roofline") != "roofline":
+            raise ValueError(f"efficiencies {name!r} applies to kind 'roofline' only (kind is {data['kind']!r})")
+        if not isinstance(name, str):
+            raise ValueError(f"efficiencies: expected a preset name, got {name!r}")
+        preset = roofline_preset(name)
+        # the preset's own values are accepted: a resolved config (results/.../config) reloads
+        clash = sorted(k for k, v in preset.items() if k in data and data[k] != v)
+        if clash:
+            raise ValueError(f"efficiencies {name!r} sets {', '.join(clash)}: give one or the other")
+        return {**data, **preset}
 
     @model_validator(mode="after")
     def _profile_given(self) -> CostModelConfig:
@@ -405,6 +437,50 @@ class ExperimentConfig(Strict):
                                  "request (vLLM v1 fans samples out into separate requests and has no beam search)")
         return self
 
+    @model_validator(mode="before")
+    @classmethod
+    def _sglang_defaults(cls, data: Any) -> Any:
+        """Under ``scheduler.policy: sglang`` an unset ``allocator.block_size`` is 1 (SGLang's
+        page size), ``allocator.prefix_caching`` true (the radix cache), ``allocator.watermark``
+        0 and ``preemption.mode`` recompute (SGLang retracts and recomputes); other values of
+        the last three are errors (``_check_sglang``)."""
+        if not isinstance(data, dict):
+            return data
+        sched = data.get("scheduler")
+        if not isinstance(sched, dict) or sched.get("policy") != "sglang":
+            return data
+        alloc, pre = data.get("allocator", {}), data.get("preemption", {})
+        if isinstance(alloc, dict) and alloc.get("kind", "paged") == "paged":  # (else _check_sglang says why)
+            data = {**data, "allocator": {"block_size": 1, "prefix_caching": True, "watermark": 0, **alloc}}
+        if isinstance(pre, dict) and "mode" not in pre:
+            data = {**data, "preemption": {**pre, "mode": "recompute"}}
+        return data
+
+    @model_validator(mode="after")
+    def _check_sglang(self) -> ExperimentConfig:
+        """What SGLang's policies cannot do is an error under ``policy: sglang``, naming the key."""
+        if self.scheduler.policy != "sglang":
+            return self
+        why = "with scheduler.policy sglang"
+        a, p = self.allocator, self.preemption
+        if a.kind != "paged":
+            raise ValueError(f"allocator.kind {a.kind!r} is not allowed {why}: SGLang pages its KV pool (set kind: "
+                             "paged; allocator.block_size is the page size)")
+        if not a.prefix_caching:
+            raise ValueError(f"allocator.prefix_caching false is not allowed {why}: kvsim models SGLang with its "
+                             "radix cache on (remove the key)")
+        if a.watermark != 0:
+            raise ValueError(f"allocator.watermark ({a.watermark:g}) is not allowed {why}: SGLang reserves "
+                             "new_token_ratio x output instead (remove the key)")
+        if p.mode != "recompute" or p.swap_fallback != "recompute":
+            raise ValueError(f"preemption.mode {p.mode!r} / swap_fallback {p.swap_fallback!r} is not allowed {why}: "
+                             "SGLang retracts requests and recomputes them (remove the keys)")
+        for key in ("n", "beam_width"):
+            value = getattr(self.workload, key)
+            if value > 1:
+                raise ValueError(f"workload.{key} ({value}) is not allowed {why}: it runs one sequence per request")
+        return self
+
     @model_validator(mode="after")
     def _fits(self) -> ExperimentConfig:
         if self.kv_bytes <= 0:
@@ -510,6 +586,8 @@ class ExperimentConfig(Strict):
         on GPUs under 70 GiB and the A100; 8192 on larger ones, e.g. H100: set it there)."""
         if self.scheduler.max_num_batched_tokens:
             return self.scheduler.max_num_batched_tokens
+        if self.scheduler.policy == "sglang":  # SGLang's max_prefill_tokens default
+            return 16384
         return 2048 if self.scheduler.policy == "vllm-v1" else max(2048, self.model.context_len)
 
 

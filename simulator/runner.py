@@ -12,15 +12,17 @@ import pandas as pd
 from policies.contiguous_allocator import ContiguousAllocator, contiguous_preset
 from policies.kv_allocator import KVAllocator
 from policies.paged_allocator import PagedAllocator
+from policies.radix_cache import RadixCacheAllocator
 from policies.v1_prefix_cache import V1PrefixCacheAllocator
 from simulator.capacity import swap_slots
-from simulator.config import ConfigError, ExperimentConfig
+from simulator.config import SGLANG_ONLY_KEYS, ConfigError, ExperimentConfig
 from simulator.cost_model.base import CostModel
 from simulator.cost_model.roofline import RooflineCostModel, RooflineParams
 from simulator.engine import Simulation
 from simulator.latency_histogram import LatencyHistogram
 from simulator.metrics import summarize
 from simulator.scheduler import SchedulerSettings
+from simulator.scheduler_sglang import SGLangSettings
 from simulator.workload import build_requests
 from traces import Request
 
@@ -58,6 +60,8 @@ def make_allocator_factory(cfg: ExperimentConfig) -> Callable[[], KVAllocator]:
         B = a.block_size
         if cfg.scheduler.policy == "vllm-v1" and a.prefix_caching:  # vLLM v1's free queue and cache
             return lambda: V1PrefixCacheAllocator(slots // B, B)
+        if cfg.scheduler.policy == "sglang":  # SGLang's radix cache, pages of block_size tokens
+            return lambda: RadixCacheAllocator(slots // B * B, B, cfg.scheduler.eviction_policy)
         return lambda: PagedAllocator(slots // B, B, swap // B, prefix_caching=a.prefix_caching)
     placement, reservation, _ = allocator_settings(cfg)
     max_len = a.max_seq_len or cfg.model.context_len
@@ -68,6 +72,8 @@ def make_cost_factory(cfg: ExperimentConfig, base_dir: Path) -> Callable[[], Cos
     c, hw = cfg.cost_model, cfg.hardware
     kernel = "paged" if cfg.allocator.kind == "paged" else "contiguous"
     block = cfg.allocator.block_size if kernel == "paged" else 1
+    if cfg.scheduler.policy == "sglang":  # its attention kernels (FlashInfer, FA3) read KV through a
+        block = max(block, 16)  # token index table, not vLLM's per-block gather: cost them as vLLM at 16
     if c.kind == "calibrated":
         from simulator.cost_model.calibrated import CalibratedCostModel, load_profile_for
 
@@ -88,7 +94,11 @@ def make_cost_factory(cfg: ExperimentConfig, base_dir: Path) -> Callable[[], Cos
 
 def scheduler_settings(cfg: ExperimentConfig) -> SchedulerSettings:
     _, _, request_level = allocator_settings(cfg)
-    return SchedulerSettings(
+    sc = cfg.scheduler
+    make, extra = SchedulerSettings, {}
+    if sc.policy == "sglang":  # SGLang's own knobs ride along (simulator.scheduler_sglang)
+        make, extra = SGLangSettings, {k: getattr(sc, k) for k in SGLANG_ONLY_KEYS}
+    return make(**extra,
         max_num_seqs=cfg.scheduler.max_num_seqs,
         max_num_batched_tokens=cfg.max_num_batched_tokens,
         max_seq_len=cfg.model.context_len,

@@ -453,7 +453,7 @@ class Scheduler:
         return self.alloc.max_advance_all(k) if k > 0 else 0
 
     # --- after the step ----------------------------------------------------------------
-    def complete(self, step: Step, now: float, run: RunWeights | None = None) -> None:
+    def complete(self, step: Step, now: float, *, run: RunWeights | None = None) -> None:
         """Every scheduled sequence gained one token (or one per iteration of a run:
         ``step`` followed by ``run``); finished sequences free memory."""
         if step.prefill:

@@ -350,7 +350,7 @@ class SchedulerV1:
 
 
     # --- after the step ---------------------------------------------------------------
-    def complete(self, step: StepV1, now: float, run: RunWeights | None = None) -> None:
+    def complete(self, step: StepV1, now: float, *, run: RunWeights | None = None) -> None:
         """The step (then ``run``'s further decode steps, if given) ended at ``now``:
         chunks count as computed, full blocks are cached, and every request that caught
         up with its tokens sampled one."""

@@ -1,22 +1,21 @@
 """The roofline checked against a measured operator profile, over the profile's own grid.
 
     python -m simulator.cost_model.roofline_check [PROFILE] [--gpu rtx4090] [--model llama-3.1-8b]
-                                                  [--plot FILE.png] [--fit]
+                                                  [--efficiencies NAME] [--plot FILE.png] [--fit]
 
 For every measured attention point — decode batches (sequences x context), prefill chunks
 (chunk x cached prefix) and mixed steps (a chunk plus decodes) — it builds the step of that
-shape and times it twice: with the roofline (``RooflineCostModel``, its default efficiencies
-unless given) and with the profiled model (at a grid point: the measured operators' sum).
-It prints the distribution of ``roofline / profiled - 1`` per kind of step, and optionally
-plots one against the other. ``--fit`` searches the roofline's compute and memory
-efficiencies and per-step overhead that minimise the median absolute error on the grid,
-each kind of step weighing the same (reported, not applied: one GPU's fit is not a default).
+shape and times it twice: with the roofline (``RooflineCostModel``, its default constants or
+a named preset of ``ROOFLINE_PRESETS``) and with the profiled model (at a grid point: the
+measured operators' sum). It prints the distribution of ``roofline / profiled - 1`` per kind
+of step, and optionally plots one against the other. ``--fit`` also fits the roofline's
+constants to this profile by least squares (``simulator.cost_model.roofline_fit``, which
+fits every shipped real profile at once for the defaults) and prints the errors after.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import statistics
 import sys
 import warnings
@@ -29,7 +28,7 @@ from simulator.cost_model.profiled import (
     ProfileExtrapolationWarning,
     load_profile,
 )
-from simulator.cost_model.roofline import RooflineCostModel, RooflineParams
+from simulator.cost_model.roofline import RooflineCostModel, RooflineParams, roofline_preset
 
 
 @dataclass(frozen=True)
@@ -82,38 +81,26 @@ def error_table(points: list[Point]) -> list[tuple[str, int, float, float, float
     return rows
 
 
-def fit(profile: str, gpu: str, model: str) -> tuple[RooflineParams, float]:
-    """Efficiencies and step overhead minimising the median |error| on the grid, averaged over
-    decode, prefill and mixed steps (a coarse search)."""
-    best = None
-    for ce, me, oh in itertools.product((0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0), (0.6, 0.7, 0.8, 0.9, 1.0),
-                                        (0.0, 2.5e-4, 5e-4, 1e-3)):
-        p = RooflineParams(compute_efficiency=ce, memory_efficiency=me, step_overhead_s=oh)
-        points = compare(profile, gpu, model, p)  # each kind of step weighs the same
-        err = statistics.fmean(statistics.median(abs(x.error) for x in points if x.kind == k)
-                               for k in ("decode", "prefill", "mixed"))
-        if best is None or err < best[1]:
-            best = (p, err)
-    return best
-
-
-def plot(points: list[Point], path: str) -> None:
+def plot(panels: dict[str, list[Point]], path: str) -> None:
+    """One log-log scatter of roofline vs profiled step times per set of constants, side by side."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5.5, 5))
-    for kind, colour in (("mixed", "0.75"), ("decode", "tab:blue"), ("prefill", "tab:red")):
-        pts = [p for p in points if p.kind == kind]
-        ax.scatter([p.profiled_s * 1e3 for p in pts], [p.roofline_s * 1e3 for p in pts], s=6, c=colour,
-                   label=f"{kind} ({len(pts)})")
-    lo = min(min(p.profiled_s, p.roofline_s) for p in points) * 1e3
-    hi = max(max(p.profiled_s, p.roofline_s) for p in points) * 1e3
-    ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
-    ax.set(xscale="log", yscale="log", xlabel="profiled step time (ms)", ylabel="roofline step time (ms)",
-           title="roofline vs measured operators")
-    ax.legend()
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 5), squeeze=False)
+    every = [p for points in panels.values() for p in points]
+    lo = min(min(p.profiled_s, p.roofline_s) for p in every) * 1e3
+    hi = max(max(p.profiled_s, p.roofline_s) for p in every) * 1e3
+    for ax, (title, points) in zip(axes[0], panels.items()):
+        for kind, colour in (("mixed", "0.75"), ("decode", "tab:blue"), ("prefill", "tab:red")):
+            pts = [p for p in points if p.kind == kind]
+            ax.scatter([p.profiled_s * 1e3 for p in pts], [p.roofline_s * 1e3 for p in pts], s=6, c=colour,
+                       label=f"{kind} ({len(pts)})")
+        ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
+        ax.set(xscale="log", yscale="log", xlabel="profiled step time (ms)", ylabel="roofline step time (ms)",
+               title=f"roofline ({title}) vs measured")
+        ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -123,21 +110,42 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("profile", nargs="?", default="rtx4090-llama-3.1-8b")
     p.add_argument("--gpu", default="rtx4090", choices=sorted(GPUS))
     p.add_argument("--model", default="llama-3.1-8b", choices=sorted(MODELS))
-    p.add_argument("--plot", metavar="PNG", help="scatter of roofline vs profiled step times")
-    p.add_argument("--fit", action="store_true", help="also search the roofline's efficiencies (slow: ~1 min)")
+    p.add_argument("--efficiencies", metavar="NAME", help="a named preset of roofline constants "
+                   "(simulator.cost_model.roofline.ROOFLINE_PRESETS) instead of the defaults")
+    p.add_argument("--plot", metavar="PNG", help="scatter of roofline vs profiled step times (beside the "
+                   "hand-picked constants')")
+    p.add_argument("--fit", action="store_true", help="also fit the roofline's constants to this profile")
     args = p.parse_args(argv)
-    points = compare(args.profile, args.gpu, args.model)
-    print(f"roofline / profiled - 1 on {len(points)} steps of {args.profile} ({args.model} on {args.gpu})")
+    try:
+        params = RooflineParams(**roofline_preset(args.efficiencies)) if args.efficiencies else None
+    except ValueError as e:
+        p.error(str(e))
+    points = compare(args.profile, args.gpu, args.model, params)
+    print(f"roofline / profiled - 1 on {len(points)} steps of {args.profile} ({args.model} on {args.gpu}, "
+          f"{args.efficiencies or 'default'} constants)")
     print(f"{'steps':8s} {'n':>5s} {'p5':>8s} {'median':>8s} {'p95':>8s} {'|median|':>9s}")
     for kind, n, p5, med, p95, amed in error_table(points):
         print(f"{kind:8s} {n:5d} {p5:+8.1%} {med:+8.1%} {p95:+8.1%} {amed:9.1%}")
     if args.fit:
-        params, err = fit(args.profile, args.gpu, args.model)
-        print(f"best fit: compute_efficiency {params.compute_efficiency}, memory_efficiency "
-              f"{params.memory_efficiency}, step_overhead_s {params.step_overhead_s}: median |error| {err:.1%} "
-              "(mean over decode, prefill, mixed)")
+        from simulator.cost_model.roofline_fit import (
+            case_from_profile,
+            fit_roofline,
+            markdown_table,
+        )
+
+        case = case_from_profile(args.profile, args.gpu, args.model)
+        result = fit_roofline([case], params)
+        q = result.params
+        print(f"least-squares fit: compute_efficiency {q.compute_efficiency:.4f}, memory_efficiency "
+              f"{q.memory_efficiency:.4f}, step_overhead_s {q.step_overhead_s:.3e}, paged factor at block "
+              f"{result.block_size} {result.paged_factor:.4f}")
+        print(markdown_table(case, params or RooflineParams(), q))
     if args.plot:
-        plot(points, args.plot)
+        panels = {args.efficiencies or "default constants": points}
+        if args.efficiencies != "hand-picked":  # and the constants before the fit, for comparison
+            hand = RooflineParams(**roofline_preset("hand-picked"))
+            panels = {"hand-picked": compare(args.profile, args.gpu, args.model, hand), **panels}
+        plot(panels, args.plot)
         print(f"plot: {args.plot}")
     return 0
 

@@ -7,7 +7,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from simulator.memory_classes import CLASSES
-from simulator.step_log import COUNTERS, FLOAT_COLUMNS, MEASURED, STEP_COLUMNS, StepLog, StepTotals
+from simulator.step_log import (
+    COUNTERS,
+    FLOAT_COLUMNS,
+    MEASURED,
+    STEP_COLUMNS,
+    StepLog,
+    StepRow,
+    StepTotals,
+)
 
 FLUSH_SIZES = st.sampled_from([1, 3, 7, 4096])  # 4096: the default, never reached here
 COUNTS = st.integers(0, 30)
@@ -61,7 +69,7 @@ def summary_log(window, flush_rows: int) -> StepLog:
 def reference(rows: list[tuple], window) -> StepTotals:
     kept = StepLog(keep_rows=True, window=window)
     for row in rows:
-        kept.append(row)
+        kept.append(StepRow(*row))
     return StepTotals.from_frame(kept.frame(), window)
 
 
@@ -85,10 +93,10 @@ def test_summary_totals_equal_totals_of_the_table(data, flush_rows):
     cut = data.draw(st.integers(0, len(rows)))  # totals are also asked for mid-run
     log = summary_log(window, flush_rows)
     for row in rows[:cut]:
-        log.append(row)
+        log.append(StepRow(*row))
     assert_same_totals(log.totals(), reference(rows[:cut], window))
     for row in rows[cut:]:
-        log.append(row)
+        log.append(StepRow(*row))
     assert_same_totals(log.totals(), reference(rows, window))
 
 
@@ -96,7 +104,7 @@ def test_summary_totals_equal_totals_of_the_table(data, flush_rows):
 def test_saturated_window_without_waiting_rows_is_empty(rows, flush_rows):
     log = summary_log("saturated", flush_rows)
     for row in rows:
-        log.append(row)
+        log.append(StepRow(*row))
     got = log.totals()
     assert got.measured_s == 0 and not any(got.measured.values())
     assert_same_totals(got, reference(rows, "saturated"))
@@ -106,7 +114,7 @@ def test_saturated_window_without_waiting_rows_is_empty(rows, flush_rows):
 def test_saturated_window_with_one_waiting_row_is_that_row(rows, flush_rows):
     log = summary_log("saturated", flush_rows)
     for row in rows:
-        log.append(row)
+        log.append(StepRow(*row))
     got = log.totals()
     (row,) = [r for r in rows if r[STEP_COLUMNS.index("waiting")] > 0]
     duration = row[STEP_COLUMNS.index("duration_s")]
@@ -123,7 +131,7 @@ def test_saturated_window_spans_blocks_from_first_to_last_waiting_row():
     log = summary_log("saturated", 2)
     for i, (d, w) in enumerate(zip(durations, waiting)):
         values = {"start_s": float(i), "duration_s": d, "waiting": w, "batched_requests": 2.0}
-        log.append(tuple(values.get(c, 0) for c in STEP_COLUMNS))
+        log.append(StepRow(*(values.get(c, 0) for c in STEP_COLUMNS)))
     got = log.totals()
     assert got.measured_s == 14.0
     assert got.measured["batched_requests"] == 28.0
@@ -142,7 +150,7 @@ def test_saturated_window_is_each_replicas_own(keep_rows, flush_rows):
     log.flush_rows = flush_rows
     for i, (replica, d, w) in enumerate(rows):
         values = {"replica": replica, "start_s": float(i), "duration_s": d, "waiting": w, "batched_requests": 3.0}
-        log.append(tuple(values.get(c, 0) for c in STEP_COLUMNS))
+        log.append(StepRow(*(values.get(c, 0) for c in STEP_COLUMNS)))
     got = log.totals()
     assert got.measured_s == 1 + 2 + 4 + 32
     assert got.measured["batched_requests"] == 3 * (1 + 2 + 4 + 32)
@@ -156,7 +164,7 @@ def test_buffer_never_holds_more_than_flush_rows(keep_rows, flush_rows):
     log.flush_rows = flush_rows
     row = tuple(1 for _ in STEP_COLUMNS)
     for i in range(25):
-        log.append(row)
+        log.append(StepRow(*row))
         assert len(log._pending) <= flush_rows  # the only rows a summary-only log holds
         assert len(log) == i + 1
     assert log._blocks if keep_rows else not log._blocks
@@ -170,10 +178,10 @@ def test_kept_rows_come_back_unchanged(data, flush_rows):
     log = StepLog(keep_rows=True)
     log.flush_rows = flush_rows
     for row in rows[:cut]:
-        log.append(row)
+        log.append(StepRow(*row))
     assert len(log.frame()) == cut  # asking mid-run must not lose or repeat rows
     for row in rows[cut:]:
-        log.append(row)
+        log.append(StepRow(*row))
     frame = log.frame()
     assert list(frame.columns) == list(STEP_COLUMNS)
     expected = np.array(rows, dtype=float).reshape(len(rows), len(STEP_COLUMNS))
@@ -184,17 +192,22 @@ def test_kept_rows_come_back_unchanged(data, flush_rows):
 
 def test_summary_log_has_an_empty_table():
     log = StepLog(keep_rows=False)
-    log.append(tuple(1 for _ in STEP_COLUMNS))
+    log.append(StepRow(*(1 for _ in STEP_COLUMNS)))
     frame = log.frame()
     assert len(frame) == 0 and list(frame.columns) == list(STEP_COLUMNS)
     assert log.totals().rows == 1
 
 
 def test_row_of_the_wrong_length_is_rejected():
-    log = StepLog(keep_rows=False)
-    log.append(tuple(1 for _ in STEP_COLUMNS[:-1]))
-    with pytest.raises(ValueError, match=f"row has {len(STEP_COLUMNS) - 1} values; STEP_COLUMNS has"):
-        log.totals()
+    # A row is a named record: a missing value fails where the row is built, so it can
+    # never shift the values after it into the wrong columns.
+    with pytest.raises(TypeError, match="unshared_slots"):
+        StepRow(*(1 for _ in STEP_COLUMNS[:-1]))
+
+
+def test_columns_are_the_row_fields_with_the_memory_classes_in_order():
+    assert STEP_COLUMNS[-1 - len(CLASSES):-1] == CLASSES
+    assert STEP_COLUMNS[:3] == ("replica", "start_s", "duration_s")
 
 
 def test_unknown_window_is_rejected():

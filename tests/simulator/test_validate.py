@@ -270,8 +270,12 @@ def test_the_real_vllm_run(tmp_path, capsys, monkeypatch):
         assert all(t["holds"] for t in report["targets"] if t["policy"] == policy)
     if "vllm-v1" in expected:  # v1's rules follow the engine's queues more closely than v0's
         assert replays[("vllm-v1", "profiled")]["waiting_mae"] < replays[("vllm-v0", "profiled")]["waiting_mae"]
-    # the roofline is far off on this GPU (it shows what the measured profile buys)
-    assert replays[("vllm-v0", "roofline")]["difference_pct"]["makespan_s"] > 10
+    # the roofline's default constants are fitted to this GPU's operator profile (issue 18,
+    # roofline_fit; not to this run): close here, but still further off than the profile itself
+    for policy in expected:
+        roof, prof = replays[(policy, "roofline")], replays[(policy, "profiled")]
+        assert abs(roof["difference_pct"]["makespan_s"]) > abs(prof["difference_pct"]["makespan_s"]), policy
+        assert roof["kv_usage_mae_pp"] > prof["kv_usage_mae_pp"], policy
     assert (out / "readme_snippet.md").read_text() == snippet
 
 

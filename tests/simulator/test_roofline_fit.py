@@ -1,0 +1,207 @@
+"""The roofline's constants fitted to measured operator profiles (``roofline_fit``), the
+defaults and presets that come from it, and how a config selects a preset."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import yaml
+
+from simulator.config import ConfigError, load_config, validate_config
+from simulator.cost_model import GPUS, MODELS
+from simulator.cost_model.operator_profile import PROFILES_DIR, is_operator_profile
+from simulator.cost_model.roofline import (
+    ROOFLINE_PRESETS,
+    RooflineCostModel,
+    RooflineParams,
+    paged_kernel_factor,
+    roofline_preset,
+)
+from simulator.cost_model.roofline_fit import (
+    REAL_PROFILES,
+    FitCase,
+    error_rows,
+    fit_roofline,
+    real_profile_cases,
+    relative_errors,
+    with_factor,
+)
+from simulator.runner import make_cost_factory
+
+HAND_PICKED = RooflineParams(**ROOFLINE_PRESETS["hand-picked"])
+
+
+@pytest.fixture(scope="module")
+def rtx4090():
+    (case,) = real_profile_cases()
+    return case
+
+
+def synthetic(case: FitCase, params: RooflineParams, every_mixed: int = 16) -> FitCase:
+    """The case's step shapes (decode, prefill, every ``every_mixed``-th mixed one), "measured"
+    with a roofline of known constants."""
+    keep = [i for i, k in enumerate(case.kinds) if k != "mixed" or i % every_mixed == 0]
+    shapes = tuple(case.shapes[i] for i in keep)
+    roofline = RooflineCostModel(MODELS[case.model], GPUS[case.gpu], block_size=case.block_size, params=params)
+    return dataclasses.replace(case, kinds=tuple(case.kinds[i] for i in keep), shapes=shapes,
+                               measured_s=tuple(roofline.step_time(s) for s in shapes))
+
+
+def test_the_fit_recovers_known_constants(rtx4090):
+    true = with_factor(RooflineParams(compute_efficiency=0.72, memory_efficiency=0.87, step_overhead_s=4e-4),
+                       1.35, 16)
+    case = synthetic(rtx4090, true)
+    got = fit_roofline([case], HAND_PICKED)  # from the hand-picked constants, far from these
+    p = got.params
+    assert p.compute_efficiency == pytest.approx(0.72, rel=1e-4)
+    assert p.memory_efficiency == pytest.approx(0.87, rel=1e-4)
+    assert p.step_overhead_s == pytest.approx(4e-4, rel=1e-3)
+    assert got.paged_factor == pytest.approx(1.35, rel=1e-4)
+    assert paged_kernel_factor(16, p) == pytest.approx(1.35, rel=1e-4)
+    assert np.abs(relative_errors(case, p)).max() < 1e-4
+    # three parameters (the factor held at the start's): the others still found when the factor is right
+    fixed = fit_roofline([case], with_factor(HAND_PICKED, 1.35, 16), fit_paged_factor=False)
+    assert fixed.paged_factor == pytest.approx(1.35, rel=1e-12)
+    assert fixed.params.memory_efficiency == pytest.approx(0.87, rel=1e-4)
+
+
+def test_efficiencies_stay_within_their_bounds(rtx4090):
+    # a GPU "faster than its peak": the fit stops at 100% instead of going past it
+    case = synthetic(rtx4090, RooflineParams(compute_efficiency=1.0, memory_efficiency=1.0, step_overhead_s=0.0))
+    case = dataclasses.replace(case, measured_s=tuple(0.8 * t for t in case.measured_s))
+    p = fit_roofline([case], HAND_PICKED).params
+    assert p.compute_efficiency <= 1.0 and p.memory_efficiency <= 1.0 and p.step_overhead_s >= 0.0
+    assert p.memory_efficiency == 1.0
+
+
+def test_each_kind_of_step_weighs_the_same(rtx4090):
+    """Four copies of every mixed step change nothing: a kind's weight is shared by its steps."""
+    true = RooflineParams(compute_efficiency=0.8, memory_efficiency=0.9, step_overhead_s=1e-3)
+    case = synthetic(rtx4090, true, every_mixed=64)
+    # perturb the measurement so the optimum depends on the weights
+    noisy = dataclasses.replace(case, measured_s=tuple(
+        t * (1.3 if k == "mixed" else 1.0) for t, k in zip(case.measured_s, case.kinds)))
+    mixed = [i for i, k in enumerate(noisy.kinds) if k == "mixed"]
+    copies = dataclasses.replace(
+        noisy, kinds=noisy.kinds + tuple("mixed" for _ in mixed * 3),
+        shapes=noisy.shapes + tuple(noisy.shapes[i] for i in mixed * 3),
+        measured_s=noisy.measured_s + tuple(noisy.measured_s[i] for i in mixed * 3))
+    a, b = fit_roofline([noisy], HAND_PICKED), fit_roofline([copies], HAND_PICKED)
+    assert a.params.memory_efficiency == pytest.approx(b.params.memory_efficiency, rel=1e-6)
+    assert a.params.step_overhead_s == pytest.approx(b.params.step_overhead_s, rel=1e-6)
+    assert a.objective == pytest.approx(b.objective, rel=1e-9)
+
+
+def test_the_defaults_and_the_preset_are_the_fit_to_the_real_profiles(rtx4090):
+    got = fit_roofline([rtx4090], HAND_PICKED, fit_paged_factor=False)
+    preset = ROOFLINE_PRESETS["measured-rtx4090"]
+    assert got.params.compute_efficiency == pytest.approx(preset["compute_efficiency"], abs=5e-4)
+    assert got.params.memory_efficiency == pytest.approx(preset["memory_efficiency"], abs=5e-4)
+    assert got.params.step_overhead_s == pytest.approx(preset["step_overhead_s"], abs=5e-6)
+    defaults = RooflineParams()
+    assert {k: getattr(defaults, k) for k in preset} == preset
+    assert paged_kernel_factor(16, defaults) == pytest.approx(1.23125)  # kept (the fit leaves it)
+    free = fit_roofline([rtx4090], HAND_PICKED)
+    assert abs(free.paged_factor - 1.23125) < 0.04 and free.objective > 0.995 * got.objective
+
+
+def test_the_fit_lowers_the_roofline_error_on_the_measured_grid(rtx4090):
+    """Issue 18: the hand-picked constants were 20-38% off (median) on this GPU; the fitted
+    defaults are within 11% median and 16% p95 on decode steps and prefill chunks. Mixed steps
+    over long prefixes stay off (the roofline's prefill attention does not read the prefix's
+    KV), which is what the README says to expect."""
+    before = {r.kind: r for r in error_rows(rtx4090, HAND_PICKED)}
+    after = {r.kind: r for r in error_rows(rtx4090, RooflineParams())}
+    assert (before["decode"].n, before["prefill"].n, before["mixed"].n) == (99, 96, 8448)
+    for kind in ("decode", "prefill", "mixed", "all"):
+        assert after[kind].median < before[kind].median, kind
+    assert before["decode"].median > 0.2 and before["prefill"].median > 0.3
+    assert after["decode"].median < 0.11 and after["prefill"].median < 0.07
+    assert after["decode"].p95 < 0.16 and after["prefill"].p90 < 0.14
+    assert after["mixed"].signed_median < 0 < before["mixed"].signed_median  # now too fast there
+
+
+def test_every_shipped_operator_profile_is_in_the_fit():
+    """A newly imported profile joins the defaults' fit (or is marked synthetic)."""
+    for path in PROFILES_DIR.glob("*.yaml"):
+        if not is_operator_profile(path):
+            continue
+        with path.open() as f:
+            head = yaml.safe_load("".join(line for _, line in zip(range(4), f)))
+        if str(head.get("provenance", {}).get("synthetic", "")).lower() == "true":
+            continue
+        assert path.stem in REAL_PROFILES, path.name
+    assert [c.name for c in real_profile_cases()] == ["rtx4090-llama-3.1-8b"]
+
+
+def test_fit_refuses_nothing_and_mixed_block_sizes(rtx4090):
+    with pytest.raises(ValueError, match="no measured profiles"):
+        fit_roofline([])
+    other = dataclasses.replace(rtx4090, block_size=32)
+    with pytest.raises(ValueError, match=r"block sizes \[16, 32\]"):
+        fit_roofline([rtx4090, other])
+
+
+# --- selecting a preset -------------------------------------------------------------------
+def raw_config(tmp_path, **cost):
+    return {
+        "name": "preset",
+        "model": {"name": "llama-3.1-8b", "max_seq_len": 4096},
+        "hardware": {"gpu": "rtx4090"},
+        "workload": {"arrivals": {"kind": "poisson", "rate": 2.0},
+                     "lengths": {"kind": "preset", "name": "sharegpt-paper"}, "num_requests": 10},
+        "cost_model": cost,
+        "output_dir": str(tmp_path),
+    }
+
+
+def test_a_config_selects_a_preset(tmp_path):
+    cfg = validate_config(raw_config(tmp_path, efficiencies="hand-picked"))
+    c = cfg.cost_model
+    assert (c.compute_efficiency, c.memory_efficiency, c.step_overhead_s) == (0.6, 0.8, 1e-3)
+    cost = make_cost_factory(cfg, tmp_path)()
+    assert (cost.params.compute_efficiency, cost.params.memory_efficiency, cost.params.step_overhead_s) == \
+        (0.6, 0.8, 1e-3)
+    default = make_cost_factory(validate_config(raw_config(tmp_path)), tmp_path)()
+    assert default.params.compute_efficiency == ROOFLINE_PRESETS["measured-rtx4090"]["compute_efficiency"]
+    # the resolved config (as written beside results) reloads
+    again = validate_config(raw_config(tmp_path, **c.model_dump()))
+    assert again.cost_model == c
+    # from the command line too
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(raw_config(tmp_path)))
+    cfg, _ = load_config(path, ["cost_model.efficiencies=hand-picked"])
+    assert cfg.cost_model.memory_efficiency == 0.8
+
+
+@pytest.mark.parametrize("cost,message", [
+    ({"efficiencies": "a100-guess"}, "unknown roofline efficiencies 'a100-guess'; known: hand-picked, "
+                                     "measured-rtx4090"),
+    ({"efficiencies": "hand-picked", "memory_efficiency": 0.7}, "'hand-picked' sets memory_efficiency: give "
+                                                                 "one or the other"),
+    ({"kind": "profiled", "profile": "rtx4090-llama-3.1-8b", "efficiencies": "hand-picked"},
+     "applies to kind 'roofline' only"),
+    ({"efficiencies": 7}, "efficiencies: expected a preset name, got 7"),
+])
+def test_a_bad_preset_is_a_one_line_error(tmp_path, cost, message):
+    with pytest.raises(ConfigError) as e:
+        validate_config(raw_config(tmp_path, **cost), source="x.yaml")
+    text = str(e.value)
+    assert "\n" not in text and "x.yaml" in text and "cost_model" in text and message in text
+
+
+def test_presets_and_the_check_command(capsys, tmp_path):
+    from simulator.cost_model.roofline_check import main
+
+    with pytest.raises(ValueError, match="unknown roofline efficiencies 'x'; known: hand-picked"):
+        roofline_preset("x")
+    assert main(["--efficiencies", "hand-picked"]) == 0
+    out = capsys.readouterr().out
+    assert "hand-picked constants" in out
+    decode = next(line for line in out.splitlines() if line.startswith("decode"))
+    assert decode.split()[3] == "+22.5%"  # median: the hand-picked constants' decode error
+    with pytest.raises(SystemExit):
+        main(["--efficiencies", "x"])
+    assert "unknown roofline efficiencies 'x'" in capsys.readouterr().err
+    assert main(["--plot", str(tmp_path / "check.png")]) == 0  # the defaults beside the hand-picked ones
+    assert (tmp_path / "check.png").read_bytes().startswith(b"\x89PNG")
