@@ -852,6 +852,9 @@ class ReferenceSimulation:
         requests: Iterable[Request],
         make_cost: Callable[[], CostModel] | None = None,
     ):
+        if cfg.scheduler.policy not in ("vllm-v0", "vllm-v1"):
+            raise ValueError(f"the reference engine implements vllm-v0 and vllm-v1, not "
+                             f"scheduler.policy {cfg.scheduler.policy!r}")
         self.cfg, self.requests = cfg, requests
         self.env = simpy.Environment()
         allocators = [make_reference_allocator(cfg) for _ in range(cfg.hardware.num_replicas)]

@@ -160,13 +160,7 @@ class SchedulerV1:
             return None
         seqs, context = self.alloc.resident_kv()
         for g, computed, n in parts:
-            if g.recomputing:
-                step.recompute_tokens += n
-            step.prefill.append(g)
-            step.chunks.append(n)
-            shape.prefill_seqs += 1
-            shape.prefill_tokens += n
-            shape.prefill_attn_pairs += causal_attention_pairs(n, computed)
+            _add_prefill_part(step, g, computed, n)
             seqs -= 1
             context -= computed + n
         step.decode = [g for g in running if g not in prefilling] if parts else list(running)
@@ -202,13 +196,7 @@ class SchedulerV1:
                 shape.decode_seqs += 1
                 shape.decode_context += alloc.kv_len(s)  # its KV after the step
             else:
-                if g.recomputing:
-                    step.recompute_tokens += n
-                step.prefill.append(g)
-                step.chunks.append(n)
-                shape.prefill_seqs += 1
-                shape.prefill_tokens += n
-                shape.prefill_attn_pairs += causal_attention_pairs(n, computed)
+                _add_prefill_part(step, g, computed, n)
             budget -= n
             i += 1
         assert i == len(running), "a running request got no token (see the docstring)"
@@ -226,7 +214,7 @@ class SchedulerV1:
 
     def _admit(self, step: StepV1, budget: int) -> None:
         """Waiting requests FCFS while the budget, ``max_num_seqs`` and free blocks allow."""
-        alloc, cache, lim, shape = self.alloc, self.cache, self.limits, step.shape
+        alloc, cache, lim = self.alloc, self.cache, self.limits
         B, threshold, waiting = alloc.block_size, lim.long_prefill_token_threshold, self.waiting
         self.blocked = None
         # Requests left mid-prefill by this step so far (those whose chunk completes it do not count).
@@ -263,8 +251,6 @@ class SchedulerV1:
             g.prompt_len = T
             g.cached_tokens = hit
             step.cached_tokens += hit
-            if g.recomputing:  # catching up after a preemption: work done again, chunk by chunk
-                step.recompute_tokens += n
             g.gen_base -= self.clock.ticks
             g.status = Status.RUNNING
             g.due = -1  # no finish filed until it samples
@@ -272,11 +258,7 @@ class SchedulerV1:
                 g.first_scheduled = self.now
             self.running.append(g)
             self._prefilling[g] = hit
-            step.prefill.append(g)
-            step.chunks.append(n)
-            shape.prefill_seqs += 1
-            shape.prefill_tokens += n
-            shape.prefill_attn_pairs += causal_attention_pairs(n, hit)
+            _add_prefill_part(step, g, hit, n)
             budget -= n
             if hit + n < T:
                 partial += 1
@@ -408,3 +390,16 @@ class SchedulerV1:
         if g.finish is None:
             g.finish = self.now
         self.on_terminal(g)
+
+
+def _add_prefill_part(step: StepV1, g: SequenceGroup, computed: int, n: int) -> None:
+    """``g`` computes a chunk of ``n`` tokens over its ``computed`` ones this step. While it
+    catches up after a preemption, the chunk is work done again (recompute tokens)."""
+    if g.recomputing:
+        step.recompute_tokens += n
+    step.prefill.append(g)
+    step.chunks.append(n)
+    shape = step.shape
+    shape.prefill_seqs += 1
+    shape.prefill_tokens += n
+    shape.prefill_attn_pairs += causal_attention_pairs(n, computed)

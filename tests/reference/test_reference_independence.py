@@ -89,3 +89,18 @@ def test_reference_allocators_balance_their_books_after_every_step(case):
         m = alloc.memory()
         assert m.token_states == m.reserved == m.internal_frag == 0
         assert m.free == alloc.capacity
+
+
+def test_the_reference_refuses_a_policy_it_does_not_implement():
+    """An sglang config must not silently run under the reference's v0 rules."""
+    import pytest
+
+    from simulator.config import ExperimentConfig
+    from simulator.reference import ReferenceSimulation
+
+    cfg = ExperimentConfig.model_validate({
+        "model": {"name": "llama-2-7b"}, "hardware": {"gpu": "a100-80gb", "kv_cache_gb": 1},
+        "workload": {"num_requests": 1, "arrivals": {"kind": "poisson", "rate": 1.0}, "lengths": {"kind": "fixed", "prompt_tokens": 8, "output_tokens": 4}},
+        "scheduler": {"policy": "sglang"}})
+    with pytest.raises(ValueError, match="sglang"):
+        ReferenceSimulation(cfg, [])
