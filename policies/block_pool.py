@@ -132,7 +132,8 @@ class QueuedBlockPool(BlockPool):
     allocations take the head, and a free block can be reclaimed from the middle.
 
     What a free block *holds* (a cached identity) is its owner's business: the pool
-    only orders blocks and counts holders.
+    only orders blocks and counts holders. Releasing and the books' check are the base
+    pool's: the queue appends like a list.
     """
 
     __slots__ = ()
@@ -162,32 +163,3 @@ class QueuedBlockPool(BlockPool):
         self._free.remove(block)
         self._refcount[block] = 1
 
-    def release(self, block: int) -> bool:
-        rc = self._refcount[block] - 1
-        if rc < 0:
-            raise ValueError(f"block {block} released more often than held")
-        self._refcount[block] = rc
-        if rc == 0:
-            self._free.append(block)
-            return True
-        return False
-
-    def free_exclusive(self, blocks: list[int]) -> None:
-        for b in blocks:
-            if self._refcount[b] != 1:
-                raise ValueError(f"free_exclusive got block {b}, which is shared or already free")
-        for b in blocks:
-            self._refcount[b] = 0
-            self._free.append(b)
-
-    def release_all(self, blocks: list[int]) -> list[int]:
-        return [b for b in blocks if self.release(b)]
-
-    def check(self) -> None:
-        free = list(self._free)
-        assert all(0 <= b < self.num_blocks for b in free), "free queue holds a foreign block"
-        for b in free:
-            assert self._refcount[b] == 0, f"block {b} is free but has refcount {self._refcount[b]}"
-        assert all(r >= 0 for r in self._refcount), "negative refcount"
-        used = sum(1 for r in self._refcount if r > 0)
-        assert used + len(free) == self.num_blocks, "blocks are not conserved"

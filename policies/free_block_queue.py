@@ -45,6 +45,11 @@ class FreeBlockQueue:
             raise ValueError(f"block {block} is already in the free queue")
         self._order[block] = None
 
+    def extend(self, blocks: Iterable[int]) -> None:
+        """Put freed blocks at the tail, in the given order."""
+        for b in blocks:
+            self.append(b)
+
     def popleft(self) -> int:
         """Take the block at the head."""
         if not self._order:

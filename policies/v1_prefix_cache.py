@@ -155,7 +155,7 @@ class V1PrefixCacheAllocator(PagedAllocator):
         slot past a sequence's tokens is its own reservation or beyond its final length,
         however its full blocks are shared. (``check`` compares with the table walk.)"""
         B = self.block_size
-        free = len(self.pool._free) * B
+        free = self.pool.num_free * B
         reserved = self._res_blocks * B - self._res_base - self._res_seqs * self._clock - self._res_over
         return MemoryUsage(self.capacity, self._token_states, reserved,
                            self.capacity - free - self._token_states - reserved, free, self._res_blocks * B)

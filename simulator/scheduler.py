@@ -168,9 +168,7 @@ class Scheduler:
         k = request.num_seqs
         limit = self.limits.max_seq_len
         if k == 1:  # the usual case, in short
-            s, out = self._next_seq, request.output_tokens
-            group = SequenceGroup(request, [s], {s: out}, request.prompt_tokens, clock=self.clock,
-                                  total_output_tokens=out, next_finish=out)
+            group = SequenceGroup.single(request, self._next_seq, self.clock)
         else:
             seq_ids = list(range(self._next_seq, self._next_seq + k))
             outputs = (sample_targets(request, self.limits.sample_lengths, self.rng, limit)

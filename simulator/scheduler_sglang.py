@@ -146,7 +146,7 @@ class SchedulerSGLang:
         self.now = now
         s, out, P = self._next_seq, request.output_tokens, request.prompt_tokens
         self._next_seq += 1
-        g = SequenceGroup(request, [s], {s: out}, P, clock=self.clock, total_output_tokens=out, next_finish=out)
+        g = SequenceGroup.single(request, s, self.clock)
         limit, cap = self.limits.max_seq_len, self.alloc.capacity
         if request.num_seqs > 1:
             self._end(g, Status.REJECTED, f"sglang runs one sequence per request (n={request.n}, beam_width="

@@ -86,6 +86,13 @@ class SequenceGroup:
     def num_live(self) -> int:
         return len(self.seq_ids)
 
+    @classmethod
+    def single(cls, request: Request, seq_id: int, clock: DecodeClock) -> SequenceGroup:
+        """The usual group: one sequence ``seq_id`` generating the request's output."""
+        out = request.output_tokens
+        return cls(request, [seq_id], {seq_id: out}, request.prompt_tokens, clock=clock,
+                   total_output_tokens=out, next_finish=out)
+
     def final_len(self, seq_id: int) -> int:
         """KV tokens the sequence will hold at its end: prompt + output - 1 (the last token's KV is never written)."""
         return self.request.prompt_tokens + self.targets[seq_id] - 1
