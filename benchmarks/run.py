@@ -50,7 +50,7 @@ CASES: dict[str, tuple[str, dict]] = {
         "allocator": {"kind": "contiguous", "preset": "orca-max"},
     }),
     "c": ("beam width 4, 10k Alpaca-like, OPT-13B", {
-        "model": {"name": "opt-13b"}, "hardware": {"gpu": "a100-40gb", "kv_cache_gb": 12},
+        "model": {"name": "opt-13b"}, "hardware": {"gpu": "a100-40gb", "kv_cache_gib": 12},
         "workload": {"arrivals": {"kind": "poisson", "rate": 5.0},
                      "lengths": {"kind": "preset", "name": "alpaca-paper"}, "num_requests": 10_000,
                      "beam_width": 4},
@@ -123,7 +123,7 @@ def run_case(name: str, macro: bool) -> dict:
     else:
         raw = json.loads(json.dumps(CASES[name][1]))
         raw.setdefault("metrics", {})["step_table"] = False
-        raw.setdefault("scheduler", {})["macro_steps"] = macro
+        raw.setdefault("engine", {})["macro_steps"] = macro
     raw["name"] = f"bench-{name}"
     cfg = validate_config(raw, source=f"benchmark {name}")
     t0 = time.perf_counter()

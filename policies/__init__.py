@@ -8,7 +8,7 @@ from policies.contiguous_allocator import (
     OutOfSlots,
     contiguous_preset,
 )
-from policies.kv_allocator import Admission, KVAllocator, MemoryUsage, SwapResult
+from policies.kv_allocator import Admission, BasicAllocator, KVAllocator, MemoryUsage, SwapResult
 from policies.paged_allocator import PagedAllocator
 from policies.reservation import RESERVATION_POLICIES, reservation_slots
 from policies.slot_space import (
@@ -21,7 +21,7 @@ from policies.slot_space import (
 )
 
 __all__ = [
-    "Admission", "BestFitSpace", "BlockPool", "BuddySpace", "CONTIGUOUS_PRESETS", "ContiguousAllocator",
+    "Admission", "BasicAllocator", "BestFitSpace", "BlockPool", "BuddySpace", "CONTIGUOUS_PRESETS", "ContiguousAllocator",
     "ContiguousPreset", "FirstFitSpace", "KVAllocator", "MemoryUsage", "OutOfBlocks", "OutOfSlots", "PLACEMENTS",
     "PagedAllocator", "RESERVATION_POLICIES", "SlotSpace", "SwapResult", "contiguous_preset", "make_slot_space",
     "reservation_slots",

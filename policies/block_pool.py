@@ -9,6 +9,8 @@ very bookkeeping the simulator models.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from policies.free_block_queue import FreeBlockQueue
 
 
@@ -48,6 +50,12 @@ class BlockPool:
 
     def refcount(self, block: int) -> int:
         return self._refcount[block]
+
+    @property
+    def refcounts(self) -> Sequence[int]:
+        """Every block's refcount, indexed by block: for loops that read many (one attribute
+        read instead of a call per block). Read-only: change counts through the methods."""
+        return self._refcount
 
     # --- mutations ---------------------------------------------------------
     def allocate(self) -> int:

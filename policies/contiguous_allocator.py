@@ -26,7 +26,7 @@ grow by k?" is one C-level ``min`` over a dict minus the clock.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 from policies.kv_allocator import (
@@ -404,6 +404,9 @@ class ContiguousAllocator(KVAllocator):
     def swap_used_slots(self) -> int:
         """CPU swap slots in use."""
         return self._cpu_used
+
+    def resident(self) -> Iterable[int]:
+        return self._base.keys()
 
     def resident_kv(self) -> tuple[int, int]:
         return len(self._base), self._token_states

@@ -4,6 +4,13 @@ The scheduler speaks to memory only through this interface, so paged and
 contiguous allocators are compared under identical scheduling. Units are token
 *slots* (one slot holds the K and V of one token in every layer).
 
+Two layers: :class:`BasicAllocator` is what a policy must write (admit, append, fork,
+free, which sequences are resident, their lengths, the memory classes, a check);
+:class:`KVAllocator` adds the *lockstep* protocol (every resident sequence appends at
+once, and runs of such steps in closed form) with slow but correct defaults built on
+the basic one. The tuned allocators override the lockstep methods; the differential
+tests against the reference engine say whether they still agree.
+
 Lengths, precisely: a sequence's ``kv_len`` is the number of tokens whose KV is
 stored. Prefill stores the prompt (``kv_len = prompt_len``) and samples the first
 output token; each decode step first appends one slot (the newest token's KV is
@@ -18,7 +25,7 @@ from __future__ import annotations
 import enum
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 
@@ -141,8 +148,17 @@ class RunWeights:
         return self.first * (k * (k + 1) / 2) + self.slope * ((k - 1) * k * (k + 1) / 3)
 
 
-class KVAllocator(ABC):
-    """Allocate KV slots for sequences; report exactly where every slot is."""
+class BasicAllocator(ABC):
+    """What a new allocation policy must write: the nine abstract methods below.
+
+    Admit a group, grow sequences one token at a time, fork, free, say which
+    sequences are on the GPU and how long they are, report the memory classes, and
+    check the books. Everything else has a default that is correct for any policy
+    that answers these: no CPU swap space (a preempted group is recomputed, or
+    aborted where it cannot be), beam re-seeding as ``free`` then ``fork``. Subclass
+    :class:`KVAllocator` (which adds the lockstep defaults) to run in the engine;
+    ``policies.example_first_fit_paged`` is a whole policy in one small file.
+    """
 
     capacity: int  # token slots on the GPU
     #: slots one "block" holds for swap/copy cost purposes (contiguous: 1)
@@ -179,11 +195,38 @@ class KVAllocator(ABC):
     # --- growth and sharing ---------------------------------------------------
     @abstractmethod
     def try_append(self, seq_ids: Sequence[int]) -> bool:
-        """Add one slot to each sequence, all or nothing; False if memory is short."""
+        """Add one slot to each sequence, all or nothing; False if memory is short.
+        A sequence may outgrow the final length it was admitted with."""
 
     @abstractmethod
     def fork(self, parent: int, child: int, child_final_len: int) -> None:
         """Make ``child`` a copy of ``parent`` (shared blocks where the allocator shares)."""
+
+    @abstractmethod
+    def free(self, seq_id: int) -> None:
+        """Release everything a sequence holds (resident or swapped out)."""
+
+    # --- observation ----------------------------------------------------------------
+    @abstractmethod
+    def resident(self) -> Iterable[int]:
+        """The sequences whose KV is on the GPU (every one of them decodes each step)."""
+
+    @abstractmethod
+    def kv_len(self, seq_id: int) -> int:
+        """Tokens of KV stored for a sequence."""
+
+    @abstractmethod
+    def usage(self) -> MemoryUsage:
+        """Exact slot classes now."""
+
+    @abstractmethod
+    def check(self) -> None:
+        """Raise AssertionError if any invariant is broken (tests call this)."""
+
+    # --- optional, with defaults ----------------------------------------------------------
+    def free_slots(self) -> int:
+        """Unallocated GPU slots."""
+        return self.usage().free
 
     def fork_into(self, parent: int, target: int, target_final_len: int) -> None:
         """Make the resident sequence ``target`` a fork of ``parent``, dropping what it held:
@@ -197,29 +240,36 @@ class KVAllocator(ABC):
         without sharing). Counts the copy in ``copied_blocks``."""
         raise NotImplementedError(f"{type(self).__name__} shares blocks instead of copying")
 
-    @abstractmethod
-    def free(self, seq_id: int) -> None:
-        """Release everything a sequence holds."""
+    # --- swapping: by default there is no CPU swap space ------------------------------------
+    def can_swap_out(self, seq_ids: Sequence[int]) -> bool:
+        """Is there CPU swap space for this group? (Default: none, so the scheduler
+        recomputes a preempted group instead, or aborts one it cannot recompute.)"""
+        return False
 
-    # --- swapping -----------------------------------------------------------------
-    @abstractmethod
     def swap_out(self, seq_ids: Sequence[int]) -> SwapResult:
         """Move a group's KV to CPU memory (the caller checked ``can_swap_out``)."""
+        raise NotImplementedError(f"{type(self).__name__} has no swap space")
 
-    @abstractmethod
-    def can_swap_out(self, seq_ids: Sequence[int]) -> bool:
-        """Is there CPU swap space for this group?"""
-
-    @abstractmethod
     def check_swap_in(self, seq_ids: Sequence[int], watermark_slots: int) -> Admission:
         """Could a swapped-out group come back now, keeping the watermark free?"""
+        raise NotImplementedError(f"{type(self).__name__} has no swap space")
 
-    @abstractmethod
     def swap_in(self, seq_ids: Sequence[int]) -> SwapResult:
         """Bring a swapped-out group back to the GPU."""
+        raise NotImplementedError(f"{type(self).__name__} has no swap space")
 
-    # --- lockstep: every resident sequence appends (decode steps and their runs) ------------
-    @abstractmethod
+
+class KVAllocator(BasicAllocator):
+    """An allocator the engine runs: the basic protocol plus the lockstep protocol.
+
+    Lockstep: in a decode step every resident sequence appends one slot, and between
+    two events many steps are alike. The defaults below go through the basic protocol
+    one step at a time (correct, and O(resident sequences) per step); a policy makes
+    them fast by overriding them (``resident_kv`` from running totals, runs of steps
+    with ``max_advance_all`` and ``advance_all``), and the differential tests say
+    whether it still agrees with the plain path.
+    """
+
     def try_append_all(self) -> bool:
         """One slot for every sequence on the GPU, all or nothing; False if memory is short.
 
@@ -227,6 +277,12 @@ class KVAllocator(ABC):
         (the scheduler ends a sequence when it gets there); ``try_append`` is the
         per-sequence path that also allows outgrowing it.
         """
+        return self.try_append(list(self.resident()))
+
+    def resident_kv(self) -> tuple[int, int]:
+        """(sequences on the GPU, sum of their KV lengths in tokens): a decode batch's shape."""
+        lengths = [self.kv_len(s) for s in self.resident()]
+        return len(lengths), sum(lengths)
 
     def max_advance_all(self, limit: int) -> int:
         """How many further ``try_append_all`` calls are certain to succeed without copies,
@@ -244,24 +300,3 @@ class KVAllocator(ABC):
         ``now`` is ``usage()`` before the run, when the caller already has it.
         """
         raise NotImplementedError(f"{type(self).__name__} does not support macro-stepping")
-
-    # --- observation ----------------------------------------------------------------
-    @abstractmethod
-    def kv_len(self, seq_id: int) -> int:
-        """Tokens of KV stored for a sequence."""
-
-    @abstractmethod
-    def resident_kv(self) -> tuple[int, int]:
-        """(sequences on the GPU, sum of their KV lengths in tokens): a decode batch's shape."""
-
-    @abstractmethod
-    def usage(self) -> MemoryUsage:
-        """Exact slot classes now."""
-
-    @abstractmethod
-    def free_slots(self) -> int:
-        """Unallocated GPU slots."""
-
-    @abstractmethod
-    def check(self) -> None:
-        """Raise AssertionError if any invariant is broken (tests call this)."""

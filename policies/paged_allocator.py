@@ -24,11 +24,23 @@ the sequences that cross a block boundary.
 
 Lazy block tables: while no block is shared (no forks, no prefix cache), which
 block a sequence gets is unobservable, so a decode step only *counts* the blocks
-it takes (``_owed``: held by resident sequences but not yet taken from the pool)
+it takes (``owed``: held by resident sequences but not yet taken from the pool)
 and touches no sequence at all. A table is filled in (its owed blocks taken) only
-when something needs its blocks: a swap, a per-sequence append, the first
-sharing, or ``check``. A sequence entering the block that holds its final length
-is found in a heap keyed by the clock at which that happens, once per lifetime.
+when something needs its blocks: a swap, a per-sequence append, or ``check``. A
+sequence entering the block that holds its final length is found in a heap keyed
+by the clock at which that happens, once per lifetime.
+
+Structure: the allocator is the *ledger* (tables, refcounts, copy-on-write, prefix
+cache, running totals) and delegates what depends on whether tables are exact to a
+strategy object, ``self._tables_mode``::
+
+    PagedAllocator (the ledger) ──> LazyTables   while nothing is shared
+                                    ExactTables  from the first share on (fork,
+                                                 multi-sequence admit, prefix cache)
+
+The switch happens once, in ``_share``: every table is filled in and the exact
+strategy takes over. The strategies are this module's parts, not separate
+abstractions: they keep the ledger's books with it and read its fields.
 """
 
 from __future__ import annotations
@@ -53,6 +65,13 @@ from policies.kv_allocator import (
 def blocks_for(tokens: int, block_size: int) -> int:
     """Blocks needed to hold ``tokens`` slots."""
     return -(-tokens // block_size)
+
+
+def blocks_to_grow(length: int, tokens: int, block_size: int) -> int:
+    """Blocks a sequence of ``length`` stored tokens takes to store ``tokens`` more: the
+    rule "a new block is taken when the last one is full", in one place. (For one token:
+    1 exactly when ``length % block_size == 0``; the lockstep buckets precompute that.)"""
+    return -(-(length + tokens) // block_size) - -(-length // block_size)
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -106,16 +125,12 @@ class PagedAllocator(KVAllocator):
         self._res_base = 0  # sum of bases: the resident kv total is this + seqs * clock (tokens)
         self._res_blocks = 0  # sum of block-table lengths (a shared block counted per holder)
         self._res_over = 0  # sum of max(0, table slots - final length): slots no token will fill
-        self._ever_shared = prefix_caching  # once blocks are shared, usage() walks the tables
         # A resident sequence needs a new block at the lockstep append from clock t exactly
         # when (base + t) % block_size == 0: _due[r] holds the sequences with base % B == r.
         self._due: list[dict[int, None]] = [{} for _ in range(block_size)]
         self._room: dict[int, int] = {}  # resident seq -> final length - base (room = this - clock)
-        # Lazy tables (see the module docstring): only while nothing is shared.
-        self._owed = 0  # blocks resident sequences hold beyond their listed tables
-        self._last_block_heap: list[tuple[int, int]] = []  # (clock of the append taking it, seq)
-        self._last_block_at: dict[int, int] = {}  # seq -> that clock, for the heap's live entries
-        self._squares = [a * a for a in range(block_size)]
+        # Lazy tables until the first share; a prefix cache shares from the start.
+        self._tables_mode: LazyTables | ExactTables = ExactTables(self) if prefix_caching else LazyTables(self)
         self.prefix_lookups = 0  # cacheable prompt blocks looked up
         self.prefix_hits = 0  # ... and found
         self.evictions = 0
@@ -123,6 +138,16 @@ class PagedAllocator(KVAllocator):
     @property
     def cow_copies(self) -> int:
         return self.copied_blocks
+
+    @property
+    def lazy_tables(self) -> bool:
+        """Whether block tables are still lazy (nothing has been shared yet)."""
+        return isinstance(self._tables_mode, LazyTables)
+
+    @property
+    def owed_blocks(self) -> int:
+        """Blocks resident sequences hold beyond their listed tables (lazy tables; else 0)."""
+        return self._tables_mode.owed
 
     # --- totals over GPU-resident sequences ------------------------------------------
     def _held(self, s: int) -> int:
@@ -143,13 +168,7 @@ class PagedAllocator(KVAllocator):
             self._res_over += held * B - final
         self._due[base % B][s] = None
         self._room[s] = final - base
-        if not self._ever_shared:
-            self._owed += held - len(self._tables[s])
-            last = -(-final // B)  # blocks at its final length
-            at = (last - 1) * B - base  # the append from this clock takes the last of them
-            if at >= self._clock and last * B > final:
-                self._last_block_at[s] = at
-                heapq.heappush(self._last_block_heap, (at, s))
+        self._tables_mode.entered(s, held, base, final)
 
     def _leave(self, s: int) -> None:
         B, base, final = self.block_size, self._kv[s], self._final[s]
@@ -161,44 +180,26 @@ class PagedAllocator(KVAllocator):
             self._res_over -= held * B - final
         del self._due[base % B][s]
         del self._room[s]
-        if not self._ever_shared:
-            self._owed -= held - len(self._tables[s])
-            self._last_block_at.pop(s, None)
+        self._tables_mode.left(s, held)
 
     def _fill_in(self, s: int) -> None:
-        """Take the blocks a resident sequence is owed into its table (lazy tables)."""
+        """Take the blocks a resident sequence is owed into its table (lazy tables; with
+        exact tables nothing is owed and this does nothing)."""
+        if not self._tables_mode.owed:
+            return
         table = self._tables[s]
         owed = self._held(s) - len(table)
         if owed:
             self._filled[table[-1]] = self.block_size  # full now: fresh blocks follow it
             table.extend(self.pool.allocate_many(owed))
-            self._owed -= owed
+            self._tables_mode.owed -= owed
 
     def _share(self) -> None:
-        """Blocks are about to be shared: fill in every table, and keep them filled in."""
-        if not self._ever_shared:
-            for s in self._room:
-                self._fill_in(s)
-            self._last_block_heap.clear()
-            self._last_block_at.clear()
-            self._ever_shared = True
+        """Blocks are about to be shared: from now on every table is exact."""
+        self._tables_mode = self._tables_mode.exact()
 
-    def _enter_last_blocks(self, end: int, run: RunWeights | None = None) -> tuple[int, float]:
-        """Lazy tables: sequences whose append from a clock before ``end`` takes the block
-        holding their final length; return the slots past final lengths that brings and
-        (for a ``run`` starting at the current clock) their slot-seconds in it."""
-        heap, at_of, final, B, c0 = self._last_block_heap, self._last_block_at, self._final, self.block_size, self._clock
-        over_added, over_seconds = 0, 0.0
-        while heap and heap[0][0] < end:
-            at, s = heapq.heappop(heap)
-            if at_of.get(s) != at:  # stale: it left (and maybe came back) since
-                continue
-            del at_of[s]
-            over = -(-final[s] // B) * B - final[s]
-            over_added += over
-            if run is not None:
-                over_seconds += over * run.tail(at - c0 + 1)
-        return over_added, over_seconds
+    def resident(self) -> list[int]:
+        return list(self._room)
 
     def resident_kv(self) -> tuple[int, int]:
         return self._res_seqs, self._res_base + self._res_seqs * self._clock
@@ -206,13 +207,13 @@ class PagedAllocator(KVAllocator):
     # --- free blocks, counting unreferenced cached ones ----------------------------
     @property
     def num_free_blocks(self) -> int:
-        return len(self.pool._free) + len(self._evictable) - self._owed
+        return self.pool.num_free + len(self._evictable) - self._tables_mode.owed
 
     def _take(self) -> int:
         """One block for new content: a free one, else evict the least recently used cached one."""
         if self.num_free_blocks <= 0:
             raise OutOfBlocks("no free GPU block (the caller skipped a check)")
-        if self.pool._free:
+        if self.pool.num_free:
             return self.pool.allocate()
         block, _ = self._evictable.popitem(last=False)
         del self._cached[self._key_of.pop(block)]
@@ -228,20 +229,14 @@ class PagedAllocator(KVAllocator):
             return self.pool.allocate_many(count)
         return [self._take() for _ in range(count)]
 
-    def _release_gpu(self, table: list[int]) -> None:
+    def _release_gpu(self, table: Sequence[int]) -> None:
+        """Drop a table's hold on its GPU blocks; a block freed takes its tokens with it."""
         filled, B = self._filled, self.block_size
-        if not self._ever_shared:  # every block has this one holder: all are freed
-            last = table[-1] if table else None
-            self._token_states -= (len(table) - 1) * B + filled[last] if table else 0
-            self.pool.free_exclusive(table)
-            if table:
-                filled[last] = B
-            return
         for b in self.pool.release_all(table):
             self._token_states -= filled[b]
             filled[b] = B
         if self._key_of:  # cached blocks that only the cache holds now become evictable
-            rc = self.pool._refcount
+            rc = self.pool.refcounts
             for b in table:
                 if rc[b] == 1 and b in self._key_of and b not in self._evictable:
                     self._token_states -= filled[b]
@@ -345,21 +340,23 @@ class PagedAllocator(KVAllocator):
         return min(len(hits) * B, prompt_len - 1)
 
     # --- growth and sharing ---------------------------------------------------------
+    def _append_takes(self, s: int) -> int:
+        """Blocks one more token takes for resident ``s``: a new block when its last is
+        full, else a private copy when its partly filled last block is shared."""
+        n = self._kv[s] + self._clock
+        if blocks_to_grow(n, 1, self.block_size):
+            return 1
+        return 1 if self.pool.refcount(self._tables[s][-1]) > 1 else 0
+
     def try_append(self, seq_ids: Sequence[int]) -> bool:
         """One slot for each of ``seq_ids`` (the per-sequence path: group by group under
         memory pressure, after a swap-in, or past a sequence's final length)."""
-        B, clock = self.block_size, self._clock
-        kv, tables, rc = self._kv, self._tables, self.pool._refcount
-        if self._ever_shared:  # a shared, partly filled last block is copied first
-            need = sum(1 for s in seq_ids if (kv[s] + clock) % B == 0 or rc[tables[s][-1]] > 1)
-        else:
-            need = sum(1 for s in seq_ids if (kv[s] + clock) % B == 0)
-        if need > self.num_free_blocks:
+        if sum(map(self._append_takes, seq_ids)) > self.num_free_blocks:
             return False
-        filled, final = self._filled, self._final
+        B, clock, kv, tables = self.block_size, self._clock, self._kv, self._tables
+        filled, final, refcount = self._filled, self._final, self.pool.refcount
         for s in seq_ids:
-            if not self._ever_shared:
-                self._fill_in(s)
+            self._fill_in(s)
             self._leave(s)
             n = kv[s] + clock
             off = n % B
@@ -369,7 +366,7 @@ class PagedAllocator(KVAllocator):
                 self._grow(s, [block])
             else:
                 block = table[-1]
-                if rc[block] > 1:
+                if refcount(block) > 1:
                     block = self._copy_last(table, off)
             filled[block] = off + 1
             kv[s] += 1
@@ -397,7 +394,7 @@ class PagedAllocator(KVAllocator):
 
     def blocks_to_extend(self, seq_id: int, tokens: int) -> int:
         """Blocks ``extend(seq_id, tokens)`` would take."""
-        return -(-(self._kv[seq_id] + self._clock + tokens) // self.block_size) - self._held(seq_id)
+        return blocks_to_grow(self._kv[seq_id] + self._clock, tokens, self.block_size)
 
     def extend(self, seq_id: int, tokens: int) -> bool:
         """Add ``tokens`` slots to a resident sequence, all or nothing; False if memory is
@@ -405,8 +402,7 @@ class PagedAllocator(KVAllocator):
         need = self.blocks_to_extend(seq_id, tokens)
         if need > self.num_free_blocks:
             return False
-        if not self._ever_shared:
-            self._fill_in(seq_id)
+        self._fill_in(seq_id)
         self._leave(seq_id)
         B, table = self.block_size, self._tables[seq_id]
         if need:
@@ -427,7 +423,7 @@ class PagedAllocator(KVAllocator):
         crossing = self._due[-clock % B]
         need = len(crossing) + len(self._pending_copies())
         for s, tokens in chunks:  # blocks beyond the one slot's
-            need += -(-(kv[s] + clock + tokens) // B) - self._held(s) - (s in crossing)
+            need += blocks_to_grow(kv[s] + clock, tokens, B) - (s in crossing)
         if need > self.num_free_blocks:
             return False
         appended = self.try_append_all()
@@ -458,10 +454,7 @@ class PagedAllocator(KVAllocator):
 
     def _pending_copies(self) -> list[int]:
         """Resident sequences whose next append copies their shared, partly filled last block."""
-        if not self._ever_shared:
-            return []
-        B, clock, kv, rc, tables = self.block_size, self._clock, self._kv, self.pool._refcount, self._tables
-        return [s for s in self._room if (kv[s] + clock) % B and rc[tables[s][-1]] > 1]
+        return self._tables_mode.pending_copies()
 
     def try_append_all(self) -> bool:
         room = self._room
@@ -469,27 +462,9 @@ class PagedAllocator(KVAllocator):
             return True
         if min(room.values()) - self._clock < 1:  # someone outgrows its final length
             return self.try_append(list(room))
-        B = self.block_size
-        crossing = self._due[-self._clock % B]
-        if not self._ever_shared:  # lazy tables: count the blocks taken
-            if len(crossing) > len(self.pool._free) - self._owed:  # (no evictable blocks without a prefix cache)
-                return False
-            self._owed += len(crossing)
-            heap = self._last_block_heap
-            if heap and heap[0][0] <= self._clock:
-                self._res_over += self._enter_last_blocks(self._clock + 1)[0]
-        else:
-            copies = self._pending_copies()
-            if len(crossing) + len(copies) > self.num_free_blocks:
-                return False
-            tables, rc = self._tables, self.pool._refcount
-            for s in copies:
-                table = tables[s]
-                if rc[table[-1]] > 1:  # the last holder of a shared block keeps it
-                    self._copy_last(table, (self._kv[s] + self._clock) % B)
-            # A crossing sequence had no slots past its final length: its last block was full.
-            for s, block in zip(crossing, self._take_many(len(crossing))):
-                self._res_over += self._grow(s, [block])
+        crossing = self._due[-self._clock % self.block_size]
+        if not self._tables_mode.append_all(crossing):
+            return False
         self._res_blocks += len(crossing)
         self._clock += 1
         self._token_states += self._res_seqs
@@ -533,31 +508,18 @@ class PagedAllocator(KVAllocator):
             for b in self._tables.pop(seq_id):
                 if self.cpu_pool.release(b):
                     self._cpu_filled[b] = self.block_size
-        elif not self._ever_shared:  # its blocks (listed or owed) hold its kv_len tokens
-            self._leave(seq_id)
-            table = self._tables.pop(seq_id)
-            self._token_states -= self._kv[seq_id] + self._clock
-            self.pool.free_exclusive(table)
-            self._filled[table[-1]] = self.block_size
         else:
             self._leave(seq_id)
-            self._refresh_fill(seq_id)
-            self._release_gpu(self._tables.pop(seq_id))
+            self._tables_mode.free_resident(seq_id)
         del self._kv[seq_id], self._final[seq_id]
 
     # --- swapping -------------------------------------------------------------------
-    def _distinct_blocks(self, seq_ids: Sequence[int]) -> int:
-        if not self._ever_shared:  # each holds its own blocks: listed, or owed while resident
-            return sum(len(self._tables[s]) if s in self._swapped else self._held(s) for s in seq_ids)
-        return len({b for s in seq_ids for b in self._tables[s]})
-
     def can_swap_out(self, seq_ids: Sequence[int]) -> bool:
-        return self._distinct_blocks(seq_ids) <= self.cpu_pool.num_free
+        return self._tables_mode.distinct_blocks(seq_ids) <= self.cpu_pool.num_free
 
     def swap_out(self, seq_ids: Sequence[int]) -> SwapResult:
         for s in seq_ids:
-            if not self._ever_shared:
-                self._fill_in(s)
+            self._fill_in(s)
             self._leave(s)
             self._refresh_fill(s)
             self._kv[s] += self._clock  # frozen while swapped: store its length
@@ -566,7 +528,7 @@ class PagedAllocator(KVAllocator):
         return moved
 
     def check_swap_in(self, seq_ids: Sequence[int], watermark_slots: int) -> Admission:
-        need = self._distinct_blocks(seq_ids)
+        need = self._tables_mode.distinct_blocks(seq_ids)
         wm = watermark_slots // self.block_size
         if need > self.pool.num_blocks - wm:
             return Admission.NEVER
@@ -618,10 +580,10 @@ class PagedAllocator(KVAllocator):
         k_max = min(room.values()) - c0
         if limit < k_max:
             k_max = limit
-        if k_max <= 0 or (self._ever_shared and self._pending_copies()):
+        if k_max <= 0 or self._pending_copies():
             return 0
         # B consecutive appends take exactly one block per sequence.
-        free, n, due = len(self.pool._free) + len(self._evictable) - self._owed, self._res_seqs, self._due
+        free, n, due = self.num_free_blocks, self._res_seqs, self._due
         full = min(k_max // B, free // n)
         k, used = full * B, full * n
         stop = k + B if k + B < k_max else k_max
@@ -638,23 +600,16 @@ class PagedAllocator(KVAllocator):
     def advance_all(self, run: RunWeights, now: MemoryUsage | None = None) -> MemoryUsage:
         """Apply ``run.steps`` lockstep appends; integrate the classes in closed form.
 
-        Work goes bucket by bucket: with lazy tables only the buckets' sizes are
-        read (O(block_size)); otherwise only sequences that cross a block boundary
-        are visited, to extend their tables. Each new block adds ``block_size``
-        allocated slots from its iteration on; a sequence entering the block that
-        holds its final length turns the slots past it into internal fragmentation.
-        ``now``: ``usage()``, if the caller already has it.
+        The strategy grows the tables (lazy: counts blocks from the buckets' sizes,
+        O(block_size); exact: visits only sequences that cross a block boundary). Each
+        new block adds ``block_size`` allocated slots from its iteration on; a sequence
+        entering the block that holds its final length turns the slots past it into
+        internal fragmentation. ``now``: ``usage()``, if the caller already has it.
         """
-        k, B, c0 = run.steps, self.block_size, self._clock
+        k, B = run.steps, self.block_size
         start = now if now is not None else self.usage()
         D = run.total
-        if not self._ever_shared:
-            block_seconds, taken = self._lazy_growth(run)
-            heap = self._last_block_heap
-            over_added, over_seconds = self._enter_last_blocks(c0 + k, run) if heap and heap[0][0] < c0 + k else (0, 0.0)
-            self._owed += taken
-        else:
-            block_seconds, taken, over_added, over_seconds = self._grow_tables(run)
+        block_seconds, taken, over_added, over_seconds = self._tables_mode.grow_run(run)
         n = self._res_seqs
         self._clock += k
         self._token_states += n * k
@@ -673,76 +628,6 @@ class PagedAllocator(KVAllocator):
             unshared=start.unshared * D + B * block_seconds,
         )
 
-    def _lazy_growth(self, run: RunWeights) -> tuple[float, int]:
-        """Blocks a run takes and their block-seconds (s), from the buckets' sizes alone.
-
-        Iteration j + 1 (and j + 1 + B, ...) takes a block for each sequence of bucket
-        ``(clock + j) % B`` counted backwards, i.e. ``due[-clock % B - j]``; that block
-        is held for ``total - elapsed(j)`` seconds. With ``steps = q B + r``, the
-        buckets reached at j < r take q + 1 blocks each and the others q.
-        """
-        B, due = self.block_size, self._due
-        r0 = -self._clock % B
-        q, r = divmod(run.steps, B)
-        if not q:  # the usual short run: a block per sequence of each bucket reached
-            n0 = n1 = n2 = 0  # sums of c, c j and c j (j - 1) over buckets of c sequences
-            for j in range(r):
-                c = len(due[r0 - j])
-                if c:
-                    n0 += c
-                    n1 += c * j
-                    n2 += c * j * (j - 1)
-            return run.total * n0 - run.first * n1 - run.slope / 2 * n2, n0
-        sizes = [len(due[r0 - j]) for j in range(B)]
-        early, late = sizes[:r], sizes[r:]
-        squares = self._squares
-        block_seconds = run.tails_sum(B, q + 1, sum(early), sum(map(mul, early, range(r))),
-                                      sum(map(mul, early, squares)))
-        if late:
-            block_seconds += run.tails_sum(B, q, sum(late), sum(map(mul, late, range(r, B))),
-                                           sum(map(mul, late, squares[r:])))
-        return block_seconds, (q + 1) * sum(early) + q * sum(late)
-
-    def _grow_tables(self, run: RunWeights) -> tuple[float, int, int, float]:
-        """Extend the tables of the sequences a run's appends take blocks for; return
-        the blocks' block-seconds (s), how many, and the slots past final lengths they
-        bring with those slots' seconds."""
-        k, B, D, due = run.steps, self.block_size, run.total, self._due
-        # Iteration j (and j + B, ...) takes a block for each sequence of bucket (c0 + j - 1) % B
-        # counted backwards: the buckets in the order the run reaches them.
-        r0 = -self._clock % B
-        order = (due[r0::-1] + due[:r0:-1])[:min(k, B)]
-        crossing = [(j, bucket) for j, bucket in enumerate(order, 1) if bucket]
-        taken = sum(len(bucket) * ((k - j) // B + 1) for j, bucket in crossing)
-        fresh = self._take_many(taken)  # fresh blocks read as full
-        at = 0
-        block_seconds = 0.0  # sum over new blocks of how long they are held during the run (s)
-        over_seconds = 0.0  # sum over slots past final lengths of how long (s)
-        over_added = 0
-        # The hot loop: it does what _grow does, inline (a call per crossing costs ~75% here).
-        tables, filled, final = self._tables, self._filled, self._final
-        for j, bucket in crossing:
-            m = (k - j) // B + 1  # blocks each sequence of the bucket takes
-            if m == 1:
-                last_tail = D - run.elapsed(j - 1)  # = run.tail(j) = run.tails(j, B, 1)
-                block_seconds += len(bucket) * last_tail
-            else:
-                block_seconds += len(bucket) * run.tails(j, B, m)
-                last_tail = run.tail(j + (m - 1) * B)
-            for s in bucket:
-                table = tables[s]
-                filled[table[-1]] = B  # the old last block is full now
-                if m == 1:
-                    table.append(fresh[at])
-                else:
-                    table.extend(fresh[at:at + m])
-                at += m
-                over = len(table) * B - final[s]
-                if over > 0:  # only its last crossing can reach past the final length
-                    over_added += over
-                    over_seconds += over * last_tail
-        return block_seconds, taken, over_added, over_seconds
-
     def _refresh_fill(self, s: int) -> None:
         """Write the fill of a resident sequence's last block (lockstep appends leave it stale)."""
         table = self._tables[s]
@@ -758,19 +643,24 @@ class PagedAllocator(KVAllocator):
         return self.num_free_blocks * self.block_size
 
     def usage(self) -> MemoryUsage:
+        return self._tables_mode.usage()
+
+    def _usage_totals(self, free_blocks: int) -> MemoryUsage:
+        """Usage from the running totals, in O(1): right whenever every allocated slot past
+        a sequence's tokens is its own (its reservation, or past its final length), i.e.
+        no partly filled last block is shared. ``free_blocks``: ``num_free_blocks``, which
+        the caller may know more cheaply (this runs every step)."""
         B = self.block_size
-        if not self._ever_shared:  # every block has one holder: the totals say it all
-            free = (len(self.pool._free) - self._owed) * B  # (no evictable blocks without a prefix cache)
-            reserved = self._res_blocks * B - self._res_base - self._res_seqs * self._clock - self._res_over
-            return MemoryUsage(self.capacity, self._token_states, reserved,
-                               self.capacity - free - self._token_states - reserved, free, self._res_blocks * B)
-        return self._usage_walk()
+        free = free_blocks * B
+        reserved = self._res_blocks * B - self._res_base - self._res_seqs * self._clock - self._res_over
+        return MemoryUsage(self.capacity, self._token_states, reserved,
+                           self.capacity - free - self._token_states - reserved, free, self._res_blocks * B)
 
     def _usage_walk(self) -> MemoryUsage:
         """Usage from every block table: exact with shared blocks (a shared partial last
         block is filled by a copy, so its empty slots are nobody's reservation)."""
         B = self.block_size
-        rc, key_of = self.pool._refcount, self._key_of
+        rc, key_of = self.pool.refcounts, self._key_of
         reserved = unshared = 0
         tables, final, kv, clock = self._tables, self._final, self._kv, self._clock
         for s in self._room:  # the GPU-resident sequences
@@ -799,16 +689,9 @@ class PagedAllocator(KVAllocator):
         resident = [s for s in self._tables if s not in self._swapped]
         owed = {s: self._held(s) - len(self._tables[s]) for s in resident}
         assert min(owed.values(), default=0) >= 0, "a table lists more blocks than its sequence holds"
-        assert self._owed == sum(owed.values()), "owed block total drifted"
-        assert not self._owed or not self._ever_shared, "a shared allocator owes blocks"
-        if not self._ever_shared:
-            for s in resident:
-                last, base = -(-self._final[s] // self.block_size), self._kv[s]
-                at = (last - 1) * self.block_size - base
-                due = at >= self._clock and last * self.block_size > self._final[s]
-                assert self._last_block_at.get(s) == (at if due else None), f"seq {s}: last-block clock"
-            assert self.usage().token_states == sum(self.kv_len(s) for s in resident), "token_states drifted"
-        if self._owed:  # check the books block by block on a twin whose owed blocks are taken
+        assert self._tables_mode.owed == sum(owed.values()), "owed block total drifted"
+        self._tables_mode.check(resident)
+        if self._tables_mode.owed:  # check the books block by block on a twin whose owed blocks are taken
             twin = copy.deepcopy(self)
             for s in resident:
                 twin._fill_in(s)
@@ -854,3 +737,229 @@ class PagedAllocator(KVAllocator):
         assert self._res_over == sum(self._over(s) for s in resident), "over-final total drifted"
         assert self.usage() == self._usage_walk(), "incremental usage disagrees with the tables"
         self.usage().check()
+
+
+class ExactTables:
+    """Every table lists every block its sequence holds: the plain ledger's way, used
+    from the first share on (and from the start with a prefix cache)."""
+
+    owed = 0  # blocks held beyond the listed tables: none, ever
+
+    def __init__(self, alloc: PagedAllocator):
+        self.alloc = alloc
+
+    def exact(self) -> ExactTables:
+        return self
+
+    def entered(self, s: int, held: int, base: int, final: int) -> None:
+        """A sequence became resident (totals already counted): nothing more to keep."""
+
+    def left(self, s: int, held: int) -> None:
+        """A sequence stopped being resident: nothing more to keep."""
+
+    def pending_copies(self) -> list[int]:
+        a = self.alloc
+        B, clock, kv, rc, tables = a.block_size, a._clock, a._kv, a.pool.refcounts, a._tables
+        return [s for s in a._room if (kv[s] + clock) % B and rc[tables[s][-1]] > 1]
+
+    def append_all(self, crossing: dict[int, None]) -> bool:
+        """The lockstep append's blocks: copies of shared partial last blocks, then a new
+        block for each sequence of ``crossing`` (the due bucket); False if too few are free."""
+        a = self.alloc
+        copies = a._pending_copies()
+        if len(crossing) + len(copies) > a.num_free_blocks:
+            return False
+        tables, rc, B = a._tables, a.pool.refcounts, a.block_size
+        for s in copies:
+            table = tables[s]
+            if rc[table[-1]] > 1:  # the last holder of a shared block keeps it
+                a._copy_last(table, (a._kv[s] + a._clock) % B)
+        # A crossing sequence had no slots past its final length: its last block was full.
+        for s, block in zip(crossing, a._take_many(len(crossing))):
+            a._res_over += a._grow(s, [block])
+        return True
+
+    def grow_run(self, run: RunWeights) -> tuple[float, int, int, float]:
+        """Extend the tables of the sequences a run's appends take blocks for; return
+        the blocks' block-seconds (s), how many, and the slots past final lengths they
+        bring with those slots' seconds."""
+        a = self.alloc
+        k, B, D, due = run.steps, a.block_size, run.total, a._due
+        # Iteration j (and j + B, ...) takes a block for each sequence of bucket (c0 + j - 1) % B
+        # counted backwards: the buckets in the order the run reaches them.
+        r0 = -a._clock % B
+        order = (due[r0::-1] + due[:r0:-1])[:min(k, B)]
+        crossing = [(j, bucket) for j, bucket in enumerate(order, 1) if bucket]
+        taken = sum(len(bucket) * ((k - j) // B + 1) for j, bucket in crossing)
+        fresh = a._take_many(taken)  # fresh blocks read as full
+        at = 0
+        block_seconds = 0.0  # sum over new blocks of how long they are held during the run (s)
+        over_seconds = 0.0  # sum over slots past final lengths of how long (s)
+        over_added = 0
+        # The hot loop: it does what _grow does, inline (a call per crossing costs ~75% here).
+        tables, filled, final = a._tables, a._filled, a._final
+        for j, bucket in crossing:
+            m = (k - j) // B + 1  # blocks each sequence of the bucket takes
+            if m == 1:
+                last_tail = D - run.elapsed(j - 1)  # = run.tail(j) = run.tails(j, B, 1)
+                block_seconds += len(bucket) * last_tail
+            else:
+                block_seconds += len(bucket) * run.tails(j, B, m)
+                last_tail = run.tail(j + (m - 1) * B)
+            for s in bucket:
+                table = tables[s]
+                filled[table[-1]] = B  # the old last block is full now
+                if m == 1:
+                    table.append(fresh[at])
+                else:
+                    table.extend(fresh[at:at + m])
+                at += m
+                over = len(table) * B - final[s]
+                if over > 0:  # only its last crossing can reach past the final length
+                    over_added += over
+                    over_seconds += over * last_tail
+        return block_seconds, taken, over_added, over_seconds
+
+    def free_resident(self, s: int) -> None:
+        """Release a resident sequence's blocks (it has left the totals)."""
+        a = self.alloc
+        a._refresh_fill(s)
+        a._release_gpu(a._tables.pop(s))
+
+    def distinct_blocks(self, seq_ids: Sequence[int]) -> int:
+        """Blocks a group holds, each shared block once (what a swap moves)."""
+        tables = self.alloc._tables
+        return len({b for s in seq_ids for b in tables[s]})
+
+    def usage(self) -> MemoryUsage:
+        return self.alloc._usage_walk()
+
+    def check(self, resident: list[int]) -> None:
+        assert not self.owed, "exact tables owe no blocks"
+
+
+class LazyTables:
+    """While nothing is shared: tables may lag behind, and the lockstep path counts the
+    blocks it takes (``owed``) instead of listing them (see the module docstring)."""
+
+    def __init__(self, alloc: PagedAllocator):
+        self.alloc = alloc
+        self.owed = 0  # blocks resident sequences hold beyond their listed tables
+        self.heap: list[tuple[int, int]] = []  # (clock of the append taking its last block, seq)
+        self.last_block_at: dict[int, int] = {}  # seq -> that clock, for the heap's live entries
+        self.squares = [r * r for r in range(alloc.block_size)]
+
+    def exact(self) -> ExactTables:
+        """Blocks are about to be shared: fill in every table and hand over."""
+        a = self.alloc
+        for s in a._room:
+            a._fill_in(s)
+        return ExactTables(a)
+
+    def entered(self, s: int, held: int, base: int, final: int) -> None:
+        a = self.alloc
+        B = a.block_size
+        self.owed += held - len(a._tables[s])
+        last = -(-final // B)  # blocks at its final length
+        at = (last - 1) * B - base  # the append from this clock takes the last of them
+        if at >= a._clock and last * B > final:
+            self.last_block_at[s] = at
+            heapq.heappush(self.heap, (at, s))
+
+    def left(self, s: int, held: int) -> None:
+        self.owed -= held - len(self.alloc._tables[s])
+        self.last_block_at.pop(s, None)
+
+    def pending_copies(self) -> list[int]:
+        return []  # nothing is shared
+
+    def append_all(self, crossing: dict[int, None]) -> bool:
+        a = self.alloc
+        if len(crossing) > a.pool.num_free - self.owed:  # (no evictable blocks without a prefix cache)
+            return False
+        self.owed += len(crossing)
+        heap = self.heap
+        if heap and heap[0][0] <= a._clock:
+            a._res_over += self.enter_last_blocks(a._clock + 1)[0]
+        return True
+
+    def enter_last_blocks(self, end: int, run: RunWeights | None = None) -> tuple[int, float]:
+        """Sequences whose append from a clock before ``end`` takes the block holding their
+        final length; return the slots past final lengths that brings and (for a ``run``
+        starting at the current clock) their slot-seconds in it."""
+        a = self.alloc
+        heap, at_of, final, B, c0 = self.heap, self.last_block_at, a._final, a.block_size, a._clock
+        over_added, over_seconds = 0, 0.0
+        while heap and heap[0][0] < end:
+            at, s = heapq.heappop(heap)
+            if at_of.get(s) != at:  # stale: it left (and maybe came back) since
+                continue
+            del at_of[s]
+            over = -(-final[s] // B) * B - final[s]
+            over_added += over
+            if run is not None:
+                over_seconds += over * run.tail(at - c0 + 1)
+        return over_added, over_seconds
+
+    def grow_run(self, run: RunWeights) -> tuple[float, int, int, float]:
+        """What ``ExactTables.grow_run`` returns, from the buckets' sizes alone.
+
+        Iteration j + 1 (and j + 1 + B, ...) takes a block for each sequence of bucket
+        ``(clock + j) % B`` counted backwards, i.e. ``due[-clock % B - j]``; that block
+        is held for ``total - elapsed(j)`` seconds. With ``steps = q B + r``, the
+        buckets reached at j < r take q + 1 blocks each and the others q.
+        """
+        a = self.alloc
+        B, due, c0 = a.block_size, a._due, a._clock
+        r0 = -c0 % B
+        q, r = divmod(run.steps, B)
+        if not q:  # the usual short run: a block per sequence of each bucket reached
+            n0 = n1 = n2 = 0  # sums of c, c j and c j (j - 1) over buckets of c sequences
+            for j in range(r):
+                c = len(due[r0 - j])
+                if c:
+                    n0 += c
+                    n1 += c * j
+                    n2 += c * j * (j - 1)
+            block_seconds, taken = run.total * n0 - run.first * n1 - run.slope / 2 * n2, n0
+        else:
+            sizes = [len(due[r0 - j]) for j in range(B)]
+            early, late = sizes[:r], sizes[r:]
+            squares = self.squares
+            block_seconds = run.tails_sum(B, q + 1, sum(early), sum(map(mul, early, range(r))),
+                                          sum(map(mul, early, squares)))
+            if late:
+                block_seconds += run.tails_sum(B, q, sum(late), sum(map(mul, late, range(r, B))),
+                                               sum(map(mul, late, squares[r:])))
+            taken = (q + 1) * sum(early) + q * sum(late)
+        heap, end = self.heap, c0 + run.steps
+        over_added, over_seconds = self.enter_last_blocks(end, run) if heap and heap[0][0] < end else (0, 0.0)
+        self.owed += taken
+        return block_seconds, taken, over_added, over_seconds
+
+    def free_resident(self, s: int) -> None:
+        """Every block has this one holder: free the listed ones at once (owed blocks
+        were never taken), with the sequence's ``kv_len`` tokens."""
+        a = self.alloc
+        table = a._tables.pop(s)
+        a._token_states -= a._kv[s] + a._clock
+        a.pool.free_exclusive(table)
+        a._filled[table[-1]] = a.block_size
+
+    def distinct_blocks(self, seq_ids: Sequence[int]) -> int:
+        a = self.alloc  # each holds its own blocks: listed, or owed while resident
+        return sum(len(a._tables[s]) if s in a._swapped else a._held(s) for s in seq_ids)
+
+    def usage(self) -> MemoryUsage:
+        # Every block has one holder: the totals say it all (and no prefix cache: nothing evictable).
+        return self.alloc._usage_totals(self.alloc.pool.num_free - self.owed)
+
+    def check(self, resident: list[int]) -> None:
+        a = self.alloc
+        B = a.block_size
+        for s in resident:
+            last, base = -(-a._final[s] // B), a._kv[s]
+            at = (last - 1) * B - base
+            due = at >= a._clock and last * B > a._final[s]
+            assert self.last_block_at.get(s) == (at if due else None), f"seq {s}: last-block clock"
+        assert a.usage().token_states == sum(a.kv_len(s) for s in resident), "token_states drifted"

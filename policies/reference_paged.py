@@ -66,6 +66,40 @@ class Memory:
     unshared: int
 
 
+def table_memory(
+    capacity: int, block_size: int, tables: dict[int, list[int]], tokens_in: Sequence[int],
+    reserved: int, free_blocks: int,
+) -> Memory:
+    """The classes of a paged cache from its block tables: written tokens of held blocks
+    (``tokens_in[b]``; a shared block once), the given reservation, the free blocks; the
+    rest of the held slots are internal fragmentation. Both reference paged allocators."""
+    held = {b for table in tables.values() for b in table}
+    token_states = sum(tokens_in[b] for b in held)
+    free = free_blocks * block_size
+    return Memory(
+        capacity,
+        token_states,
+        reserved,
+        capacity - free - token_states - reserved,
+        free,
+        sum(len(t) for t in tables.values()) * block_size,
+    )
+
+
+def check_tables(
+    tables: dict[int, list[int]], holders: list[int], kv: dict[int, int], block_size: int
+) -> None:
+    """Each block's holder count is the number of tables listing it, and each table is as
+    long as its sequence's tokens need."""
+    held = [0] * len(holders)
+    for table in tables.values():
+        for b in table:
+            held[b] += 1
+    assert held == holders, "holder counts disagree with the block tables"
+    for s, table in tables.items():
+        assert len(table) == blocks_for(kv[s], block_size), f"seq {s}: table length"
+
+
 @dataclass
 class ReferencePagedAllocator:
     """``num_blocks`` GPU blocks and ``swap_blocks`` CPU blocks of ``block_size`` slots."""
@@ -316,31 +350,15 @@ class ReferencePagedAllocator:
 
     def memory(self) -> Memory:
         B = self.block_size
-        held = {b for table in self.tables.values() for b in table}  # a shared block counts once
-        token_states = sum(self.filled[b] for b in held)
         reserved = 0
         for s, table in self.tables.items():
             if self.holders[table[-1]] == 1:  # only its own last block will it fill itself
                 reserved += max(0, min(len(table) * B, self.final[s]) - self.kv[s])
-        free = self.num_free() * B
-        return Memory(
-            self.capacity,
-            token_states,
-            reserved,
-            self.capacity - free - token_states - reserved,
-            free,
-            sum(len(t) for t in self.tables.values()) * B,
-        )
+        return table_memory(self.capacity, B, self.tables, self.filled, reserved, self.num_free())
 
     def check(self) -> None:
         """Raise AssertionError unless every block is accounted for exactly once."""
-        held = [0] * self.num_blocks
-        for table in self.tables.values():
-            for b in table:
-                held[b] += 1
-        assert held == self.holders, "holder counts disagree with the block tables"
-        for s, table in self.tables.items():
-            assert len(table) == blocks_for(self.kv[s], self.block_size), f"seq {s}: table length"
+        check_tables(self.tables, self.holders, self.kv, self.block_size)
         cached_only = [b for b in self.key_of if self.holders[b] == 0]
         assert sorted(cached_only) == sorted(self.lru), "LRU list disagrees with the cache"
         free = set(self.free_list)
@@ -495,34 +513,18 @@ class ReferenceFreeQueueAllocator:
         of each sequence's own last block up to its final length, the rest of the held
         slots as internal fragmentation; every queued block is free."""
         B = self.block_size
-        held = {b for table in self.tables.values() for b in table}
-        token_states = sum(self.filled[b] for b in held)
         reserved = sum(
             max(0, min(len(table) * B, self.final[s]) - self.kv[s])
             for s, table in self.tables.items()
         )
-        free = len(self.free_queue) * B
-        return Memory(
-            self.capacity,
-            token_states,
-            reserved,
-            self.capacity - free - token_states - reserved,
-            free,
-            sum(len(t) for t in self.tables.values()) * B,
-        )
+        return table_memory(self.capacity, B, self.tables, self.filled, reserved, len(self.free_queue))
 
     def check(self) -> None:
         """Raise AssertionError unless every block is accounted for exactly once."""
-        held = [0] * self.num_blocks
-        for table in self.tables.values():
-            for b in table:
-                held[b] += 1
-        assert held == self.holders, "holder counts disagree with the block tables"
-        for s, table in self.tables.items():
-            assert len(table) == blocks_for(self.kv[s], self.block_size), f"seq {s}: table length"
+        check_tables(self.tables, self.holders, self.kv, self.block_size)
         queued = list(self.free_queue)
         assert len(set(queued)) == len(queued), "a block is queued twice"
-        assert sorted(queued) == [b for b in range(self.num_blocks) if held[b] == 0], (
+        assert sorted(queued) == [b for b in range(self.num_blocks) if self.holders[b] == 0], (
             "the free queue is not exactly the blocks nobody holds"
         )
         assert all(self.cache[k] == b for b, k in self.key_of.items()), "cache and keys disagree"

@@ -74,14 +74,14 @@ class V1PrefixCacheAllocator(PagedAllocator):
 
     def in_use(self, blocks: list[int]) -> int:
         """How many of ``blocks`` some sequence holds (the rest wait in the free queue)."""
-        rc = self.pool._refcount
+        rc = self.pool.refcounts
         return sum(1 for b in blocks if rc[b])
 
     def take_hits(self, blocks: list[int]) -> None:
         """Hold the hit blocks (a free one leaves the queue), before fresh blocks are taken."""
         pool = self.pool
         for b in blocks:
-            if pool._refcount[b]:
+            if pool.refcount(b):
                 pool.share(b)
             else:
                 pool.reclaim(b)
@@ -154,11 +154,7 @@ class V1PrefixCacheAllocator(PagedAllocator):
         with room in it, is always its own (see ``_pending_copies``), so every allocated
         slot past a sequence's tokens is its own reservation or beyond its final length,
         however its full blocks are shared. (``check`` compares with the table walk.)"""
-        B = self.block_size
-        free = self.pool.num_free * B
-        reserved = self._res_blocks * B - self._res_base - self._res_seqs * self._clock - self._res_over
-        return MemoryUsage(self.capacity, self._token_states, reserved,
-                           self.capacity - free - self._token_states - reserved, free, self._res_blocks * B)
+        return self._usage_totals(self.pool.num_free)  # no lazy tables, no cache references
 
     # --- the v0 entry points do not apply ----------------------------------------------
     def check_admit(self, *args, **kwargs):

@@ -160,6 +160,6 @@ def kv_slots(kv_bytes: float, model: ModelSpec) -> int:
     return int(kv_bytes // model.kv_bytes_per_token)
 
 
-def swap_slots(swap_space_gb: float, tensor_parallel: int, model: ModelSpec) -> int:
-    """Token slots in the CPU swap space (``swap_space_gb`` GiB per GPU)."""
-    return int(swap_space_gb * GiB * tensor_parallel // model.kv_bytes_per_token)
+def swap_slots(swap_space_gib: float, tensor_parallel: int, model: ModelSpec) -> int:
+    """Token slots in the CPU swap space (``swap_space_gib`` GiB per GPU)."""
+    return int(swap_space_gib * GiB * tensor_parallel // model.kv_bytes_per_token)

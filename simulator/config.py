@@ -3,6 +3,18 @@
 Errors name the file, the line, the key path and what is allowed, e.g.::
 
     configs/x.yaml:14: allocator.block_size: must be a power of two from 1 to 256 (got 3)
+
+A schema that cannot be misread:
+
+- ``allocator`` (by ``kind``), ``scheduler`` (by ``policy``) and ``cost_model`` (by ``kind``)
+  are variants, one class each: a key the chosen variant would ignore is an error naming the
+  variant that reads it, and a resolved config (``results/.../config.yaml``) holds only the
+  keys that act, so it loads again.
+- Units are in names where a number could be misread: ``_gib`` (2^30 bytes), ``_s``,
+  ``_ms``, ``_tokens``. The model's context window is ``model.context_len_tokens``; the
+  contiguous allocator's reservation is ``allocator.reserve_tokens``.
+- ``engine`` holds switches that change the simulator's speed, never its results.
+- A key of an earlier config (``RENAMED``) is an error that names its new name.
 """
 
 from __future__ import annotations
@@ -10,13 +22,15 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
 import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
+    Tag,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -61,7 +75,7 @@ def check_name(value: str, what: str) -> str:
 
 
 MAX_CONTEXT_TOKENS = 16 * 2**20
-"""Longest ``max_seq_len`` accepted (16 Mi tokens): beyond any published model's window."""
+"""Longest ``context_len_tokens`` accepted (16 Mi tokens): beyond any published model's window."""
 
 
 class ModelShapeConfig(Strict):
@@ -74,24 +88,28 @@ class ModelShapeConfig(Strict):
     head_dim: int | None = Field(None, gt=0, description="default hidden_size // num_heads")
     intermediate_size: int = Field(gt=0)
     vocab_size: int = Field(gt=0)
-    max_seq_len: int = Field(gt=0, le=MAX_CONTEXT_TOKENS)  # max_position_embeddings
+    context_len_tokens: int = Field(gt=0, le=MAX_CONTEXT_TOKENS)  # max_position_embeddings
     gated_ffn: bool = True  # SwiGLU (gate, up, down) vs a 2-matrix MLP
     dtype_bytes: int = Field(2, ge=1, le=8)
 
     def spec(self, name: str) -> ModelSpec:
         return ModelSpec(name, self.num_layers, self.hidden_size, self.num_heads,
                          self.num_kv_heads or self.num_heads, self.intermediate_size, self.vocab_size,
-                         self.max_seq_len, self.gated_ffn, self.dtype_bytes, self.head_dim)
+                         self.context_len_tokens, self.gated_ffn, self.dtype_bytes, self.head_dim)
 
 
 class ModelConfig(Strict):
     """A model from the catalogue (``simulator.cost_model.catalogue.MODELS``), or any
-    model described by ``shape`` (then ``name`` is only its label)."""
+    model described by ``shape`` (then ``name`` is only its label).
+
+    ``context_len_tokens`` is the model's context window as served (vLLM's ``max_model_len``):
+    the longest prompt + output a request may have. It is not the contiguous allocator's
+    reservation (``allocator.reserve_tokens``), which defaults to it."""
 
     shape: ModelShapeConfig | None = None  # before name: name's check reads it
     name: str = "llama-2-7b"
-    max_seq_len: int | None = Field(None, gt=0, le=MAX_CONTEXT_TOKENS,
-                                    description="tokens; default: the model's context window")
+    context_len_tokens: int | None = Field(None, gt=0, le=MAX_CONTEXT_TOKENS,
+                                           description="tokens; default: the model's context window")
 
     @field_validator("name")
     @classmethod
@@ -109,19 +127,24 @@ class ModelConfig(Strict):
 
     @property
     def context_len(self) -> int:
-        return self.max_seq_len or self.spec.max_seq_len
+        """The context window in tokens: ``context_len_tokens``, else the model's own."""
+        return self.context_len_tokens or self.spec.max_seq_len
 
 
 class HardwareConfig(Strict):
-    """GPUs of one replica (``tensor_parallel`` of them) and how many replicas."""
+    """GPUs of one replica (``tensor_parallel`` of them) and how many replicas.
+
+    Memory sizes are GiB (2^30 bytes, as vLLM and ``nvidia-smi`` count them), and every key
+    that holds one ends in ``_gib``."""
 
     gpu: str = "a100-80gb"
     tensor_parallel: int = Field(1, ge=1, le=64)
     num_replicas: int = Field(1, ge=1, le=1024)
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
-    kv_cache_gb: float | None = Field(None, gt=0, description="GiB of KV per replica; overrides the computed value")
+    kv_cache_gib: float | None = Field(None, gt=0, description="GiB of KV per replica; overrides the computed value")
     num_gpu_blocks: int | None = Field(None, gt=0, le=2**31, description="KV blocks of allocator.block_size tokens "
-                                       "per replica (vLLM's num_gpu_blocks, e.g. from its log); overrides kv_cache_gb")
+                                       "per replica (vLLM's num_gpu_blocks, e.g. from its log); overrides "
+                                       "kv_cache_gib")
     # Otherwise the blocks are computed as vLLM does (simulator/capacity.py), per GPU, from:
     gpu_memory_gib: float | None = Field(None, gt=0, le=4096, description="total GiB per GPU as the CUDA driver "
                                          "reports it; default: the catalogue's measured figure, else the datasheet's")
@@ -132,7 +155,7 @@ class HardwareConfig(Strict):
                                         "PyTorch's allocator while profiling (vLLM logs print it: 0.04-0.26 on one GPU)")
     cuda_graph_memory_gib: float = Field(0.0, ge=0, le=4096, description="GiB per GPU of CUDA graphs counted before "
                                          "sizing the cache (vLLM: only with VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1)")
-    swap_space_gb: float = Field(4.0, ge=0, le=4096, description="GiB of CPU swap space per GPU")
+    swap_space_gib: float = Field(4.0, ge=0, le=4096, description="GiB of CPU swap space per GPU")
     pcie: Literal["gen4", "gen5"] | None = None
 
     @field_validator("gpu")
@@ -156,26 +179,64 @@ class HardwareConfig(Strict):
 
     @model_validator(mode="after")
     def _kv_fits(self) -> HardwareConfig:
-        if self.kv_cache_gb is not None:
+        if self.kv_cache_gib is not None:
             total = self.tensor_parallel * self.spec.memory_bytes / GiB
-            if self.kv_cache_gb > total:
-                raise ValueError(f"kv_cache_gb {self.kv_cache_gb:g} GiB does not fit in {self.tensor_parallel} x "
+            if self.kv_cache_gib > total:
+                raise ValueError(f"kv_cache_gib {self.kv_cache_gib:g} GiB does not fit in {self.tensor_parallel} x "
                                  f"{self.gpu} ({total:g} GiB in all)")
         return self
 
 
+# --- variants: a section whose keys depend on one key's value ------------------------------
+#
+# The allocator (by ``kind``), the scheduler (by ``policy``) and the cost model (by ``kind``)
+# are each one of several classes. A key is a field of the variants that read it and of no
+# other, so a key the chosen variant would ignore is an error naming the variant that reads
+# it (``_format_errors``), and a resolved config holds only the keys that act and loads again.
+
+
+def _picker(key: str, default: str) -> Discriminator:
+    """The discriminator of a variant section: the value of ``key``, ``default`` if unset."""
+
+    def pick(value: Any) -> str:
+        tag = value.get(key, default) if isinstance(value, dict) else getattr(value, key, default)
+        return tag if isinstance(tag, str) else repr(tag)  # never unhashable: an unknown tag is an error
+
+    return Discriminator(pick)
+
+
+class Variant(Strict):
+    """One variant of a section (``SECTION`` in ``VARIANTS``). A key of another variant given
+    as ``null`` means "not set" and is dropped, so a sweep can zip a key with the variant that
+    reads it (``allocator.preset: [orca-max, null]`` with ``allocator.kind: [contiguous,
+    paged]``); any other value of such a key is an error naming the variant that reads it."""
+
+    SECTION: ClassVar[str] = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_unset_keys_of_other_variants(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        others = {k for c in VARIANTS[cls.SECTION][1].values() for k in c.model_fields} - set(cls.model_fields)
+        return {k: v for k, v in data.items() if not (v is None and k in others)}
+
+
 PRESETS = ("orca-max", "orca-pow2", "orca-oracle", "fastertransformer")
 
+CAPACITY_BLOCK_TOKENS = 16
+"""Tokens per block in the capacity arithmetic of an allocator without blocks (contiguous):
+``hardware.num_gpu_blocks`` and the KV budget computed as vLLM does count blocks of vLLM's
+default 16 tokens, so a contiguous run gets the capacity of the paged run it is compared with."""
 
-class AllocatorConfig(Strict):
-    """``paged`` (vLLM) or ``contiguous`` (Orca / FasterTransformer baselines)."""
 
-    kind: Literal["paged", "contiguous"] = "paged"
-    preset: Literal["orca-max", "orca-pow2", "orca-oracle", "fastertransformer"] | None = None
-    block_size: int = 16
-    placement: Literal["buddy", "buddy_exact", "first_fit", "best_fit"] = "buddy"
-    reservation: Literal["max", "pow2", "oracle"] = "max"
-    max_seq_len: int | None = Field(None, gt=0, description="reservation of 'max' (tokens); default: the model's")
+class PagedAllocatorConfig(Variant):
+    """``kind: paged`` (vLLM): blocks of ``block_size`` tokens taken on demand."""
+
+    SECTION: ClassVar[str] = "allocator"
+
+    kind: Literal["paged"] = "paged"
+    block_size: int = Field(16, description="tokens per block")
     watermark: float = Field(0.01, ge=0, lt=0.5, description="share of KV slots kept free at admission")
     prefix_caching: bool = False
 
@@ -186,31 +247,43 @@ class AllocatorConfig(Strict):
             raise ValueError("must be a power of two from 1 to 256")
         return v
 
-    @model_validator(mode="after")
-    def _preset_is_contiguous(self) -> AllocatorConfig:
-        if self.preset is not None and self.kind != "contiguous":
-            raise ValueError(f"preset {self.preset!r} is a contiguous allocator: set kind: contiguous")
-        return self
+
+class ContiguousAllocatorConfig(Variant):
+    """``kind: contiguous`` (Orca / FasterTransformer baselines): one region per sequence,
+    placed by ``placement`` and sized by ``reservation``; ``reserve_tokens`` is the region of
+    ``reservation: max`` (Orca-Max) and the cap of ``pow2``, in tokens (default: the model's
+    context window)."""
+
+    SECTION: ClassVar[str] = "allocator"
+    kind: Literal["contiguous"] = "contiguous"
+    preset: Literal["orca-max", "orca-pow2", "orca-oracle", "fastertransformer"] | None = None
+    placement: Literal["buddy", "buddy_exact", "first_fit", "best_fit"] = "buddy"
+    reservation: Literal["max", "pow2", "oracle"] = "max"
+    reserve_tokens: int | None = Field(None, gt=0, description="tokens reserved under 'max' (the cap of 'pow2'); "
+                                       "default: model.context_len_tokens")
+    watermark: float = Field(0.01, ge=0, lt=0.5, description="share of KV slots kept free at admission")
+
+    @field_validator("reserve_tokens")
+    @classmethod
+    def _read_by_the_reservation(cls, v: int | None, info: ValidationInfo) -> int | None:
+        if v is not None and info.data.get("reservation") == "oracle":
+            raise ValueError("allowed only with reservation max or pow2 (reservation 'oracle' reserves exactly "
+                             "prompt + output)")
+        return v
+
+    @property
+    def block_size(self) -> int:
+        """Not a key: the capacity arithmetic's block (``CAPACITY_BLOCK_TOKENS``)."""
+        return CAPACITY_BLOCK_TOKENS
+
+    @property
+    def prefix_caching(self) -> bool:
+        """Not a key: contiguous regions are never shared."""
+        return False
 
     @model_validator(mode="after")
-    def _no_ignored_keys(self) -> AllocatorConfig:
-        """A key the chosen kind (or preset) would ignore is an error, not a silent no-op.
-
-        Judged by value, not presence: a resolved config carries every key at its default
-        (and a preset's own values) and must load again.
-        """
-        fields = type(self).model_fields
-        if self.kind == "paged":
-            ignored = [k for k in ("placement", "reservation", "max_seq_len") if getattr(self, k) != fields[k].default]
-            if ignored:
-                raise ValueError(f"{', '.join(ignored)}: allowed only with kind contiguous (paged allocates "
-                                 "blocks on demand)")
-        else:
-            if self.prefix_caching:
-                raise ValueError("prefix_caching: allowed only with kind paged (contiguous regions are not shared)")
-            if self.block_size != fields["block_size"].default:
-                raise ValueError(f"block_size {self.block_size}: allowed only with kind paged (a contiguous "
-                                 "allocator has no blocks)")
+    def _preset_agrees(self) -> ContiguousAllocatorConfig:
+        """A preset's own values are accepted (a resolved config carries them and loads again)."""
         if self.preset is not None:
             p = contiguous_preset(self.preset)
             for key, wanted in (("placement", p.placement), ("reservation", p.reservation)):
@@ -220,6 +293,12 @@ class AllocatorConfig(Strict):
         return self
 
 
+AllocatorConfig = Annotated[
+    Annotated[PagedAllocatorConfig, Tag("paged")] | Annotated[ContiguousAllocatorConfig, Tag("contiguous")],
+    _picker("kind", "paged"),
+]
+"""``allocator:``, by ``kind`` (default ``paged``)."""
+
 V1_ONLY_KEYS = ("long_prefill_token_threshold", "max_num_partial_prefills", "reserve_full_isl")
 """Scheduler keys only ``policy: vllm-v1`` reads."""
 SGLANG_ONLY_KEYS = ("schedule_policy", "eviction_policy", "chunked_prefill_size", "enable_mixed_chunk",
@@ -227,55 +306,92 @@ SGLANG_ONLY_KEYS = ("schedule_policy", "eviction_policy", "chunked_prefill_size"
 """Scheduler keys only ``policy: sglang`` reads (see ``simulator.scheduler_sglang``)."""
 
 
-class SchedulerConfig(Strict):
-    """Scheduling rules and limits. ``policy``: ``vllm-v0`` (the paper's system:
-    prefill-only admission steps, swap or recompute) or ``vllm-v1`` (a per-step token
-    budget, chunked prefills mixed with decodes, recompute only; see
-    ``simulator.scheduler_v1``). ``batching: request`` is FasterTransformer's
-    request-level batching (v0 only)."""
+class _SchedulerLimits(Variant):
+    """Limits every scheduler policy reads."""
 
-    policy: Literal["vllm-v0", "vllm-v1", "sglang"] = "vllm-v0"
+    SECTION: ClassVar[str] = "scheduler"
+    policy: str = "vllm-v0"  # each policy's class narrows it to its own name (first key when written out)
     max_num_seqs: int = Field(256, ge=1)
-    max_num_batched_tokens: int | None = Field(None, ge=1, description="default: vllm-v0 max(2048, "
-                                                    "max_seq_len), vllm-v1 2048")
-    batching: Literal["iteration", "request"] = "iteration"
+    max_num_batched_tokens: int | None = Field(None, ge=1, description="tokens per step; default: vllm-v0 "
+                                               "max(2048, context_len_tokens), vllm-v1 2048, sglang 16384")
     router: Literal["round_robin", "least_outstanding_tokens"] = "round_robin"
-    macro_steps: bool = True  # advance runs of identical decode steps at once (same results, faster)
-    long_prefill_token_threshold: int = Field(0, ge=0, description="v1: most tokens a request computes per step; "
-                                              "0 = no cap")
-    max_num_partial_prefills: int | None = Field(None, ge=1, description="v1: most requests left mid-prefill by a "
-                                                 "step; null = no limit")
-    reserve_full_isl: bool = Field(True, description="v1: admit only when blocks for the whole sequence are free "
-                                   "(vLLM's scheduler_reserve_full_isl)")
-    schedule_policy: Literal["lpm", "dfs-weight", "fcfs"] = Field("lpm", description="sglang: waiting-queue order")
-    eviction_policy: Literal["lru", "lfu", "fifo", "priority"] = Field("lru", description="sglang: radix cache "
-                                                                       "eviction order")
-    chunked_prefill_size: int | None = Field(8192, ge=1, description="sglang: most prompt tokens per step in "
-                                             "chunks; null = no chunking (SGLang's default depends on GPU memory)")
-    enable_mixed_chunk: bool = Field(False, description="sglang: running requests decode in prefill steps")
-    schedule_conservativeness: float = Field(1.0, gt=0, description="sglang: scales the initial new_token_ratio")
 
-    @model_validator(mode="after")
-    def _policy_keys(self) -> SchedulerConfig:
-        """Judged by value, not presence: a resolved config carries every key at its default."""
-        fields = type(self).model_fields
-        for only, keys in (("vllm-v1", V1_ONLY_KEYS), ("sglang", SGLANG_ONLY_KEYS)):
-            if self.policy != only:
-                for key in keys:
-                    if getattr(self, key) != fields[key].default:
-                        raise ValueError(f"{key}: allowed only with policy {only} (policy is {self.policy})")
-        if self.policy != "vllm-v0" and self.batching == "request":
-            raise ValueError(f"batching 'request' is not allowed with policy {self.policy} ({self.policy} batches "
-                             "per iteration)")
-        return self
+    OWN_KEYS: ClassVar[tuple[str, ...]] = ()
+    """The keys only this policy reads; its settings beyond the shared limits."""
+
+    def policy_keys(self) -> dict[str, Any]:
+        """This policy's own settings by name (empty for vllm-v0), for the scheduler's settings."""
+        return {k: getattr(self, k) for k in self.OWN_KEYS}
+
+
+class VllmV0SchedulerConfig(_SchedulerLimits):
+    """``policy: vllm-v0`` (the paper's system): prefill-only admission steps, swap or
+    recompute. ``batching: request`` is FasterTransformer's request-level batching."""
+
+    policy: Literal["vllm-v0"] = "vllm-v0"
+    batching: Literal["iteration", "request"] = "iteration"
+
+
+class VllmV1SchedulerConfig(_SchedulerLimits):
+    """``policy: vllm-v1``: a per-step token budget, chunked prefills mixed with decodes,
+    recompute only (``simulator.scheduler_v1``)."""
+
+    policy: Literal["vllm-v1"] = "vllm-v1"
+    long_prefill_token_threshold: int = Field(0, ge=0, description="most tokens a request computes per step; "
+                                              "0 = no cap")
+    max_num_partial_prefills: int | None = Field(None, ge=1, description="most requests left mid-prefill by a "
+                                                 "step; null = no limit")
+    reserve_full_isl: bool = Field(True, description="admit only when blocks for the whole sequence are free "
+                                   "(vLLM's scheduler_reserve_full_isl)")
+    OWN_KEYS: ClassVar[tuple[str, ...]] = V1_ONLY_KEYS
+
+    @property
+    def batching(self) -> str:
+        """Not a key: vLLM v1 batches per iteration."""
+        return "iteration"
+
+
+class SGLangSchedulerConfig(_SchedulerLimits):
+    """``policy: sglang``: SGLang's radix-cache scheduler (``simulator.scheduler_sglang``);
+    its keys keep SGLang's server-argument names (``chunked_prefill_size`` is in tokens)."""
+
+    policy: Literal["sglang"] = "sglang"
+    schedule_policy: Literal["lpm", "dfs-weight", "fcfs"] = Field("lpm", description="waiting-queue order")
+    eviction_policy: Literal["lru", "lfu", "fifo", "priority"] = Field("lru", description="radix cache eviction "
+                                                                       "order")
+    chunked_prefill_size: int | None = Field(8192, ge=1, description="most prompt tokens per step in chunks; "
+                                             "null = no chunking (SGLang's default depends on GPU memory)")
+    enable_mixed_chunk: bool = Field(False, description="running requests decode in prefill steps")
+    schedule_conservativeness: float = Field(1.0, gt=0, description="scales the initial new_token_ratio")
+    OWN_KEYS: ClassVar[tuple[str, ...]] = SGLANG_ONLY_KEYS
+
+    @property
+    def batching(self) -> str:
+        """Not a key: SGLang batches per iteration."""
+        return "iteration"
+
+
+SchedulerConfig = Annotated[
+    Annotated[VllmV0SchedulerConfig, Tag("vllm-v0")] | Annotated[VllmV1SchedulerConfig, Tag("vllm-v1")]
+    | Annotated[SGLangSchedulerConfig, Tag("sglang")],
+    _picker("policy", "vllm-v0"),
+]
+"""``scheduler:``, by ``policy`` (default ``vllm-v0``)."""
+
+SCHEDULER_POLICIES = ("vllm-v0", "vllm-v1", "sglang")
 
 
 class PreemptionConfig(Strict):
-    """``auto`` is vLLM's default: recompute single-sequence groups, swap multi-sequence ones."""
+    """``auto`` is vLLM's default: recompute single-sequence groups, swap multi-sequence ones.
+
+    ``overlap_swap`` models the serving engine, not the simulator's speed: with it a step's
+    swaps run on the PCIe link while the GPU computes (the step lasts the longer of the two),
+    without it they add to the step (vLLM v0 copies on the compute stream). It changes
+    latencies, so it is an experiment setting and lives here, next to the swap it times."""
 
     mode: Literal["recompute", "swap", "auto"] = "auto"
     swap_fallback: Literal["recompute", "abort"] = "recompute"
-    overlap_swap: bool = False  # swaps use the PCIe link while the GPU computes (max instead of sum)
+    overlap_swap: bool = False
 
 
 class DecodingConfig(Strict):
@@ -285,20 +401,31 @@ class DecodingConfig(Strict):
     beam_concentration: float = Field(1.0, ge=0, description="0 = parents chosen uniformly")
 
 
-class CostModelConfig(Strict):
-    """``roofline`` needs no GPU; ``calibrated`` reads a profile from ``kvsim calibrate``;
-    ``profiled`` reads measured operator tables (``kvsim calibrate --import``), e.g.
-    ``profile: rtx4090-llama-3.1-8b`` (its step overhead is 0 unless ``step_overhead_s`` is set)."""
+class EngineConfig(Strict):
+    """How the simulator computes, not what it simulates: switches here change speed, never a
+    request's times or the memory classes. ``macro_steps`` advances a run of identical decode
+    steps at once (one step-table row per run instead of per iteration: set it false for
+    per-iteration rows, e.g. ``kvsim validate``'s per-second curves)."""
 
-    kind: Literal["roofline", "calibrated", "profiled"] = "roofline"
-    profile: str | None = None
-    # a named set of fitted roofline constants (``simulator.cost_model.roofline.ROOFLINE_PRESETS``,
-    # e.g. measured-rtx4090): sets the three below, which may then not be given
+    macro_steps: bool = True
+
+
+class _CostModelBase(Variant):
+    SECTION: ClassVar[str] = "cost_model"
+    kind: str = "roofline"  # each kind's class narrows it to its own name (first key when written out)
+    swap_batched: bool = False  # a swap moves all its blocks in one transfer per layer (not one per block)
+
+
+class RooflineCostConfig(_CostModelBase):
+    """``kind: roofline`` needs no GPU. ``efficiencies`` names a set of fitted constants
+    (``simulator.cost_model.roofline.ROOFLINE_PRESETS``, e.g. measured-rtx4090): it sets the
+    three below, which may then not be given otherwise."""
+
+    kind: Literal["roofline"] = "roofline"
     efficiencies: str | None = None
     compute_efficiency: float = Field(RooflineParams.compute_efficiency, gt=0, le=1)
     memory_efficiency: float = Field(RooflineParams.memory_efficiency, gt=0, le=1)
     step_overhead_s: float = Field(RooflineParams.step_overhead_s, ge=0)
-    swap_batched: bool = False
 
     @model_validator(mode="before")
     @classmethod
@@ -306,8 +433,6 @@ class CostModelConfig(Strict):
         if not isinstance(data, dict) or data.get("efficiencies") is None:
             return data
         name = data["efficiencies"]
-        if data.get("kind", "roofline") != "roofline":
-            raise ValueError(f"efficiencies {name!r} applies to kind 'roofline' only (kind is {data['kind']!r})")
         if not isinstance(name, str):
             raise ValueError(f"efficiencies: expected a preset name, got {name!r}")
         preset = roofline_preset(name)
@@ -317,14 +442,75 @@ class CostModelConfig(Strict):
             raise ValueError(f"efficiencies {name!r} sets {', '.join(clash)}: give one or the other")
         return {**data, **preset}
 
+
+class CalibratedCostConfig(_CostModelBase):
+    """``kind: calibrated`` reads a profile written by ``kvsim calibrate``."""
+
+    kind: Literal["calibrated"] = "calibrated"
+    profile: str | None = None
+    step_overhead_s: float = Field(RooflineParams.step_overhead_s, ge=0)
+
     @model_validator(mode="after")
-    def _profile_given(self) -> CostModelConfig:
-        if self.kind == "calibrated" and not self.profile:
+    def _profile_given(self) -> CalibratedCostConfig:
+        if not self.profile:
             raise ValueError("kind 'calibrated' needs profile: PATH (a YAML written by kvsim calibrate)")
-        if self.kind == "profiled" and not self.profile:
+        return self
+
+
+class ProfiledCostConfig(_CostModelBase):
+    """``kind: profiled`` reads measured operator tables (``kvsim calibrate --import``), e.g.
+    ``profile: rtx4090-llama-3.1-8b``. Its step overhead is 0 (the tables are the GPU's work
+    only) unless ``step_overhead_s`` is set."""
+
+    kind: Literal["profiled"] = "profiled"
+    profile: str | None = None
+    step_overhead_s: float | None = Field(None, ge=0, description="seconds per step; null = 0")
+
+    @model_validator(mode="after")
+    def _profile_given(self) -> ProfiledCostConfig:
+        if not self.profile:
             raise ValueError("kind 'profiled' needs profile: NAME or PATH (an operator profile, e.g. "
                              "rtx4090-llama-3.1-8b, written by kvsim calibrate --import)")
         return self
+
+
+CostModelConfig = Annotated[
+    Annotated[RooflineCostConfig, Tag("roofline")] | Annotated[CalibratedCostConfig, Tag("calibrated")]
+    | Annotated[ProfiledCostConfig, Tag("profiled")],
+    _picker("kind", "roofline"),
+]
+"""``cost_model:``, by ``kind`` (default ``roofline``)."""
+
+VARIANTS: dict[str, tuple[str, dict[str, type[BaseModel]]]] = {
+    "allocator": ("kind", {"paged": PagedAllocatorConfig, "contiguous": ContiguousAllocatorConfig}),
+    "scheduler": ("policy", {"vllm-v0": VllmV0SchedulerConfig, "vllm-v1": VllmV1SchedulerConfig,
+                             "sglang": SGLangSchedulerConfig}),
+    "cost_model": ("kind", {"roofline": RooflineCostConfig, "calibrated": CalibratedCostConfig,
+                            "profiled": ProfiledCostConfig}),
+}
+"""Each variant section: its discriminating key and its classes by tag (for error messages)."""
+
+RENAMED = {
+    ("hardware", "kv_cache_gb"): "hardware.kv_cache_gib",
+    ("hardware", "swap_space_gb"): "hardware.swap_space_gib",
+    ("model", "max_seq_len"): "model.context_len_tokens",
+    ("model", "shape", "max_seq_len"): "model.shape.context_len_tokens",
+    ("allocator", "max_seq_len"): "allocator.reserve_tokens",
+    ("scheduler", "macro_steps"): "engine.macro_steps",
+}
+"""Keys of earlier configs and their new names (same value, same unit): the ``_gb`` keys
+always held GiB, and the two ``max_seq_len`` keys meant different things."""
+
+
+def renamed_key(raw: Any) -> tuple[tuple[str, ...], str] | None:
+    """The first key of a raw config (a dict) that was renamed, and its new name; else None."""
+    for old, new in RENAMED.items():
+        node = raw
+        for k in old[:-1]:
+            node = node.get(k) if isinstance(node, dict) else None
+        if isinstance(node, dict) and old[-1] in node:
+            return old, new
+    return None
 
 
 class MetricsConfig(Strict):
@@ -362,12 +548,13 @@ class ExperimentConfig(Strict):
     model: ModelConfig = ModelConfig()
     hardware: HardwareConfig = HardwareConfig()
     workload: WorkloadConfig
-    allocator: AllocatorConfig = AllocatorConfig()
-    scheduler: SchedulerConfig = SchedulerConfig()
+    allocator: AllocatorConfig = PagedAllocatorConfig()
+    scheduler: SchedulerConfig = VllmV0SchedulerConfig()
     preemption: PreemptionConfig = PreemptionConfig()
     decoding: DecodingConfig = DecodingConfig()
-    cost_model: CostModelConfig = CostModelConfig()
+    cost_model: CostModelConfig = RooflineCostConfig()
     metrics: MetricsConfig = MetricsConfig()
+    engine: EngineConfig = EngineConfig()
     output_dir: str = "results"
 
     @field_validator("name")
@@ -379,16 +566,26 @@ class ExperimentConfig(Strict):
 
     @model_validator(mode="before")
     @classmethod
+    def _no_renamed_keys(cls, data: Any) -> Any:
+        """An earlier config's key is an error naming its new name (``validate_config`` says
+        so first, with the line; this catches a dict validated directly)."""
+        found = renamed_key(data)
+        if found:
+            raise ValueError(f"{'.'.join(found[0])} was renamed {found[1]}")
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
     def _resolve_preset(cls, data: Any) -> Any:
         """Write a preset's settings into the config (where not given), so the resolved config
         says what runs; a given value that differs is an error (see the checks below)."""
         alloc = data.get("allocator") if isinstance(data, dict) else None
-        if not isinstance(alloc, dict) or alloc.get("preset") not in PRESETS:
+        if not isinstance(alloc, dict) or alloc.get("kind") != "contiguous" or alloc.get("preset") not in PRESETS:
             return data
         p = contiguous_preset(alloc["preset"])
         data = {**data, "allocator": {"placement": p.placement, "reservation": p.reservation, **alloc}}
         sched = data.get("scheduler", {})
-        if isinstance(sched, dict):
+        if isinstance(sched, dict) and sched.get("policy", "vllm-v0") == "vllm-v0":  # (batching is v0's key)
             wanted = "request" if p.request_level_batching else "iteration"
             data["scheduler"] = {"batching": wanted, **sched}
         return data
@@ -479,6 +676,11 @@ class ExperimentConfig(Strict):
             value = getattr(self.workload, key)
             if value > 1:
                 raise ValueError(f"workload.{key} ({value}) is not allowed {why}: it runs one sequence per request")
+        chunk = self.scheduler.chunked_prefill_size
+        if chunk is not None and chunk < a.block_size:
+            raise ValueError(f"scheduler.chunked_prefill_size ({chunk}) is below the page size "
+                             f"allocator.block_size ({a.block_size}) {why}: chunks are cut to whole pages, so a "
+                             "chunked prompt would never advance (raise it, or null to never chunk)")
         return self
 
     @model_validator(mode="after")
@@ -488,7 +690,7 @@ class ExperimentConfig(Strict):
             raise ValueError(
                 f"model {self.model.name} ({need:.1f} GiB of weights per GPU at tensor_parallel "
                 f"{self.hardware.tensor_parallel}) leaves no KV memory on {self.hardware.gpu}: "
-                "raise hardware.tensor_parallel or hardware.gpu_memory_utilization, or set hardware.kv_cache_gb"
+                "raise hardware.tensor_parallel or hardware.gpu_memory_utilization, or set hardware.kv_cache_gib"
             )
         if self.kv_slots < self.allocator.block_size:
             raise ValueError(f"KV cache of {self.kv_slots} slots holds less than one block")
@@ -505,7 +707,8 @@ class ExperimentConfig(Strict):
             # (vllm-v1 chunks a long prompt into the budget instead)
             raise ValueError(
                 f"scheduler.max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= the model's "
-                f"max_seq_len ({self.model.context_len}), or long prompts could never be scheduled"
+                f"context window ({self.model.context_len} tokens, model.context_len_tokens), or long prompts "
+                "could never be scheduled"
             )
         if self.max_num_batched_tokens < self.scheduler.max_num_seqs:  # as vLLM: a decode step is a token a sequence
             raise ValueError(
@@ -528,12 +731,12 @@ class ExperimentConfig(Strict):
     def _check_lengths(self) -> None:
         """An explicit max length longer than the whole KV cache could never be used (vLLM refuses
         to start then), and a preset's batching must not be overridden silently."""
-        for key, value in (("model.max_seq_len", self.model.max_seq_len),
-                           ("allocator.max_seq_len", self.allocator.max_seq_len)):
+        for key, value in (("model.context_len_tokens", self.model.context_len_tokens),
+                           ("allocator.reserve_tokens", getattr(self.allocator, "reserve_tokens", None))):
             if value is not None and value > self.kv_slots:
                 raise ValueError(f"{key} ({value}) is larger than the KV cache ({self.kv_slots} token slots "
                                  "per replica): lower it or give more KV memory")
-        if self.allocator.preset is not None:
+        if getattr(self.allocator, "preset", None) is not None:
             request = contiguous_preset(self.allocator.preset).request_level_batching
             if (self.scheduler.batching == "request") != request:
                 raise ValueError(f"scheduler.batching {self.scheduler.batching!r} conflicts with allocator.preset "
@@ -554,14 +757,14 @@ class ExperimentConfig(Strict):
         hw = self.hardware
         if hw.num_gpu_blocks is not None:  # exactly that many blocks (vLLM: KV memory // block bytes)
             return hw.num_gpu_blocks * self.allocator.block_size * self.model.spec.kv_bytes_per_token
-        if hw.kv_cache_gb is not None:
-            return hw.kv_cache_gb * GiB
+        if hw.kv_cache_gib is not None:
+            return hw.kv_cache_gib * GiB
         return self.memory_budget.num_gpu_blocks * self.allocator.block_size * self.model.spec.kv_bytes_per_token
 
     @property
     def memory_budget(self) -> MemoryBudget:
         """One GPU's memory as vLLM splits it (``simulator.capacity``), from the hardware section;
-        what ``kv_bytes`` uses unless ``num_gpu_blocks`` or ``kv_cache_gb`` is given."""
+        what ``kv_bytes`` uses unless ``num_gpu_blocks`` or ``kv_cache_gib`` is given."""
         hw = self.hardware
 
         def gib(value: float | None) -> int | None:
@@ -582,7 +785,7 @@ class ExperimentConfig(Strict):
     @property
     def max_num_batched_tokens(self) -> int:
         """The per-step token budget. Default: vllm-v0 admits whole prompts, so
-        max(2048, max_seq_len); vllm-v1 chunks them, so 2048 (vLLM's API-server default
+        max(2048, the context window); vllm-v1 chunks them, so 2048 (vLLM's API-server default
         on GPUs under 70 GiB and the A100; 8192 on larger ones, e.g. H100: set it there)."""
         if self.scheduler.max_num_batched_tokens:
             return self.scheduler.max_num_batched_tokens
@@ -694,29 +897,23 @@ def apply_override(raw: dict, keys: list[str], value: Any) -> None:
 def _format_errors(err: ValidationError, source: str, lines: dict[tuple, int], overridden: set[tuple]) -> str:
     msgs = []
     for e in err.errors():
-        loc = tuple(x for x in e["loc"] if not (isinstance(x, str) and x.startswith("function-")))
+        raw_loc = tuple(x for x in e["loc"] if not (isinstance(x, str) and x.startswith("function-")))
+        loc, model = _key_path(raw_loc)
         key = ".".join(str(x) for x in loc)  # empty: a check across sections names its keys itself
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            msg = "unknown key"
-            parent = loc[:-1]
-            model = ExperimentConfig
-            allowed = _allowed_keys(model, parent)
-            if allowed:
-                msg += f"; allowed here: {', '.join(allowed)}"
+            msg = _unknown_key(loc, model)
+        elif e["type"] == "union_tag_invalid" and len(loc) == 1 and loc[0] in VARIANTS:
+            disc, classes = VARIANTS[loc[0]]
+            loc = (loc[0], disc)
+            key = ".".join(loc)
+            msg = f"must be one of {', '.join(classes)} (got {e['ctx'].get('tag')})"
         elif e["type"] == "missing":
             msg = "required key is missing"
         elif "input" in e and e["type"] not in ("model_type",) and not isinstance(e["input"], dict):
             msg += f" (got {_short(e['input'])})"
-        where = source
-        for n in range(len(loc), 0, -1):
-            if loc[:n] in overridden:
-                where = "--set"
-                break
-            if loc[:n] in lines:
-                where = f"{source}:{lines[loc[:n]]}"
-                break
-        msgs.append(f"{where}: {key}: {msg}" if key else f"{where}: {msg}")
+        msgs.append(f"{_where(loc, source, lines, overridden)}: {key}: {msg}" if key
+                    else f"{_where(loc, source, lines, overridden)}: {msg}")
     return "; ".join(" ".join(m.split()) for m in msgs)  # one line, however many problems
 
 
@@ -726,14 +923,52 @@ def _short(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _allowed_keys(model: type[BaseModel], path: tuple) -> list[str]:
-    for k in path:
-        field = model.model_fields.get(str(k)) if isinstance(model, type) else None
+def _where(loc: tuple, source: str, lines: dict[tuple, int], overridden: set[tuple]) -> str:
+    """``--set``, ``file:line`` of the innermost key of ``loc`` that has one, or ``file``."""
+    for n in range(len(loc), 0, -1):
+        if loc[:n] in overridden:
+            return "--set"
+        if loc[:n] in lines:
+            return f"{source}:{lines[loc[:n]]}"
+    return source
+
+
+def _key_path(loc: tuple) -> tuple[tuple, type[BaseModel] | None]:
+    """An error location as the user's key path (a variant's tag, which pydantic puts after a
+    variant section's name, removed), and the model that holds the last key (None if unknown)."""
+    path: list = []
+    model: type[BaseModel] | None = ExperimentConfig
+    holder: type[BaseModel] | None = None
+    i = 0
+    while i < len(loc):
+        k = loc[i]
+        path.append(k)
+        holder = model
+        if len(path) == 1 and k in VARIANTS:
+            tag = loc[i + 1] if i + 1 < len(loc) else None
+            model = VARIANTS[k][1].get(tag) if isinstance(tag, str) else None
+            i += 2 if model is not None else 1
+            continue
+        field = model.model_fields.get(str(k)) if model is not None else None
         ann = getattr(field, "annotation", None)
-        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
-            return []
-        model = ann
-    return list(model.model_fields)
+        models = [a for a in (ann, *get_args(ann)) if isinstance(a, type) and issubclass(a, BaseModel)]
+        model = models[0] if models else None  # a section, or an optional one (model.shape)
+        i += 1
+    return tuple(path), holder
+
+
+def _unknown_key(loc: tuple, holder: type[BaseModel] | None) -> str:
+    """Why a key is refused: another variant of its section reads it (say which), or no one does
+    (list the keys allowed here)."""
+    if len(loc) == 2 and loc[0] in VARIANTS and holder is not None:
+        disc, classes = VARIANTS[loc[0]]
+        readers = [tag for tag, cls in classes.items() if loc[1] in cls.model_fields]
+        here = holder.model_fields[disc].default
+        if readers:
+            return f"allowed only with {disc} {' or '.join(readers)} ({loc[0]}.{disc} is {here})"
+    if holder is None:
+        return "unknown key"
+    return f"unknown key; allowed here: {', '.join(holder.model_fields)}"
 
 
 def read_yaml(path: str | Path, what: str = "config", error: type[Exception] = ConfigError) -> tuple[Any, dict]:
@@ -796,6 +1031,10 @@ def validate_config(raw: dict, source: str = "<config>", lines: dict | None = No
         keys, value = parse_override(text)
         apply_override(raw, keys, value)
         overridden.add(tuple(keys))
+    found = renamed_key(raw)
+    if found:
+        old, new = found
+        raise ConfigError(f"{_where(old, source, lines or {}, overridden)}: {'.'.join(old)} was renamed {new}")
     try:
         return ExperimentConfig.model_validate(raw)
     except ValidationError as e:

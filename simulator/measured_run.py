@@ -230,7 +230,7 @@ def _pick(where: str, key: str, *values: Any, kind: type = int, required: bool =
 HF_SHAPE_KEYS = {  # ModelShapeConfig key -> Hugging Face config key
     "num_layers": "num_hidden_layers", "hidden_size": "hidden_size", "num_heads": "num_attention_heads",
     "num_kv_heads": "num_key_value_heads", "head_dim": "head_dim", "intermediate_size": "intermediate_size",
-    "vocab_size": "vocab_size", "max_seq_len": "max_position_embeddings",
+    "vocab_size": "vocab_size", "context_len_tokens": "max_position_embeddings",
 }
 
 

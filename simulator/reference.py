@@ -36,7 +36,9 @@ to recomputation, or aborts the request (``abort``, and always for multi-sequenc
 ``scheduler.policy: vllm-v1`` replaces these rules by vLLM v1's (``ReferenceV1Replica``: a
 per-step token budget, chunked prefills mixed with decodes, recompute-only preemption of the
 most recently admitted request) over ``policies.reference_paged.ReferenceFreeQueueAllocator``
-(one free queue, lazy eviction of cached blocks).
+(one free queue, lazy eviction of cached blocks). ``scheduler.policy: sglang`` runs
+``simulator.reference_sglang.ReferenceSGLangReplica`` (SGLang's queue orders, reservation,
+retraction and chunked prefill) over ``policies.reference_radix.ReferenceRadixCache``.
 """
 
 from __future__ import annotations
@@ -192,10 +194,15 @@ class Rules:
     swap_fallback: str  # recompute | abort
     sample_lengths: str
     beam_concentration: float
-    policy: str = "vllm-v0"  # vllm-v0 | vllm-v1
+    policy: str = "vllm-v0"  # vllm-v0 | vllm-v1 | sglang
     long_prefill_token_threshold: int = 0  # v1: most tokens one request computes a step (0: no cap)
     max_num_partial_prefills: int | None = None  # v1: most requests left mid-prefill by a step
     reserve_full_isl: bool = True  # v1: admit only if blocks for the whole sequence are free
+    schedule_policy: str = "lpm"  # sglang: waiting-queue order (simulator.reference_sglang)
+    eviction_policy: str = "lru"  # sglang: radix cache eviction order
+    chunked_prefill_size: int | None = 8192  # sglang: prompt tokens per step in chunks
+    enable_mixed_chunk: bool = False  # sglang: running requests decode in prefill steps
+    schedule_conservativeness: float = 1.0  # sglang: scales the initial new_token_ratio
 
 
 # --- one replica's scheduler ----------------------------------------------------------------
@@ -800,11 +807,16 @@ def make_reference_allocator(
     """One replica's allocator: paged blocks of ``block_size`` slots (under vllm-v1 in one
     free queue), or contiguous regions."""
     slots, a = cfg.kv_slots, cfg.allocator
+    if cfg.scheduler.policy == "sglang":  # a radix tree over pages of block_size slots
+        from policies.reference_radix import ReferenceRadixCache
+
+        B = a.block_size
+        return ReferenceRadixCache(slots // B * B, B, cfg.scheduler.eviction_policy)
     if cfg.scheduler.policy == "vllm-v1":  # the config admits only paged memory here
         return ReferenceFreeQueueAllocator(
             slots // a.block_size, a.block_size, prefix_caching=a.prefix_caching
         )
-    swap = swap_slots(cfg.hardware.swap_space_gb, cfg.hardware.tensor_parallel, cfg.model.spec)
+    swap = swap_slots(cfg.hardware.swap_space_gib, cfg.hardware.tensor_parallel, cfg.model.spec)
     if a.kind == "paged":
         B = a.block_size
         return ReferencePagedAllocator(slots // B, B, swap // B, prefix_caching=a.prefix_caching)
@@ -812,7 +824,7 @@ def make_reference_allocator(
         REFERENCE_PRESETS[a.preset][:2] if a.preset else (a.placement, a.reservation)
     )
     return ReferenceContiguousAllocator(
-        slots, placement, reservation, a.max_seq_len or cfg.model.context_len, swap
+        slots, placement, reservation, a.reserve_tokens or cfg.model.context_len, swap
     )
 
 
@@ -826,6 +838,9 @@ def roofline_cost(cfg: ExperimentConfig) -> CostModel:
             "pass make_cost for the others"
         )
     paged = cfg.allocator.kind == "paged"
+    block = cfg.allocator.block_size if paged else 1
+    if cfg.scheduler.policy == "sglang":  # its kernels read KV through a token index table:
+        block = max(block, 16)  # costed as a paged kernel at 16 (as simulator.runner does)
     params = RooflineParams(
         compute_efficiency=c.compute_efficiency,
         memory_efficiency=c.memory_efficiency,
@@ -836,7 +851,7 @@ def roofline_cost(cfg: ExperimentConfig) -> CostModel:
         cfg.model.spec,
         hw.spec,
         hw.tensor_parallel,
-        cfg.allocator.block_size if paged else 1,
+        block,
         "paged" if paged else "contiguous",
         params,
         hw.pcie,
@@ -852,8 +867,8 @@ class ReferenceSimulation:
         requests: Iterable[Request],
         make_cost: Callable[[], CostModel] | None = None,
     ):
-        if cfg.scheduler.policy not in ("vllm-v0", "vllm-v1"):
-            raise ValueError(f"the reference engine implements vllm-v0 and vllm-v1, not "
+        if cfg.scheduler.policy not in ("vllm-v0", "vllm-v1", "sglang"):
+            raise ValueError(f"the reference engine implements vllm-v0, vllm-v1 and sglang, not "
                              f"scheduler.policy {cfg.scheduler.policy!r}")
         self.cfg, self.requests = cfg, requests
         self.env = simpy.Environment()
@@ -869,12 +884,14 @@ class ReferenceSimulation:
             sample_lengths=cfg.decoding.sample_lengths,
             beam_concentration=cfg.decoding.beam_concentration,
             policy=cfg.scheduler.policy,
-            long_prefill_token_threshold=cfg.scheduler.long_prefill_token_threshold,
-            max_num_partial_prefills=cfg.scheduler.max_num_partial_prefills,
-            reserve_full_isl=cfg.scheduler.reserve_full_isl,
+            **cfg.scheduler.policy_keys(),  # the policy's own settings (none for vllm-v0)
         )
         make_cost = make_cost or (lambda: roofline_cost(cfg))
         replica = ReferenceV1Replica if rules.policy == "vllm-v1" else ReferenceReplica
+        if rules.policy == "sglang":  # (its module builds on this one)
+            from simulator.reference_sglang import ReferenceSGLangReplica
+
+            replica = ReferenceSGLangReplica
         self.replicas = [
             replica(i, alloc, make_cost(), rules, cfg.seed, self.record_end)
             for i, alloc in enumerate(allocators)

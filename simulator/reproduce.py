@@ -640,7 +640,7 @@ def section_mooncake(r: SweepResult, figs: Path) -> Section:
         "Not a figure of the paper. The Mooncake trace's ideal prefix-block hit ratio, with an "
         "unbounded cache, is 64% (Qin et al., FAST 2025). One GPU's KV cache holds a small "
         "fraction of the trace's distinct prefix blocks, so LRU eviction keeps the achieved "
-        "ratio well below the ideal; rerun with a larger `hardware.kv_cache_gb` to see it "
+        "ratio well below the ideal; rerun with a larger `hardware.kv_cache_gib` to see it "
         "approach 64%.\n\n" + _md_table(show) + "\n")
 
 

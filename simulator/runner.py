@@ -15,7 +15,7 @@ from policies.paged_allocator import PagedAllocator
 from policies.radix_cache import RadixCacheAllocator
 from policies.v1_prefix_cache import V1PrefixCacheAllocator
 from simulator.capacity import swap_slots
-from simulator.config import SGLANG_ONLY_KEYS, ConfigError, ExperimentConfig
+from simulator.config import ConfigError, ExperimentConfig
 from simulator.cost_model.base import CostModel
 from simulator.cost_model.roofline import RooflineCostModel, RooflineParams
 from simulator.engine import Simulation
@@ -46,6 +46,8 @@ class RunResult:
 def allocator_settings(cfg: ExperimentConfig) -> tuple[str, str, bool]:
     """(placement, reservation, request_level_batching) after applying a preset."""
     a = cfg.allocator
+    if a.kind == "paged":  # no regions to place or size
+        return "", "", cfg.scheduler.batching == "request"
     if a.preset is not None:
         p = contiguous_preset(a.preset)
         return p.placement, p.reservation, p.request_level_batching
@@ -54,7 +56,7 @@ def allocator_settings(cfg: ExperimentConfig) -> tuple[str, str, bool]:
 
 def make_allocator_factory(cfg: ExperimentConfig) -> Callable[[], KVAllocator]:
     slots = cfg.kv_slots
-    swap = swap_slots(cfg.hardware.swap_space_gb, cfg.hardware.tensor_parallel, cfg.model.spec)
+    swap = swap_slots(cfg.hardware.swap_space_gib, cfg.hardware.tensor_parallel, cfg.model.spec)
     a = cfg.allocator
     if a.kind == "paged":
         B = a.block_size
@@ -64,7 +66,7 @@ def make_allocator_factory(cfg: ExperimentConfig) -> Callable[[], KVAllocator]:
             return lambda: RadixCacheAllocator(slots // B * B, B, cfg.scheduler.eviction_policy)
         return lambda: PagedAllocator(slots // B, B, swap // B, prefix_caching=a.prefix_caching)
     placement, reservation, _ = allocator_settings(cfg)
-    max_len = a.max_seq_len or cfg.model.context_len
+    max_len = a.reserve_tokens or cfg.model.context_len
     return lambda: ContiguousAllocator(slots, placement, reservation, max_len, swap)
 
 
@@ -84,7 +86,7 @@ def make_cost_factory(cfg: ExperimentConfig, base_dir: Path) -> Callable[[], Cos
     if c.kind == "profiled":
         from simulator.cost_model.profiled import profiled_cost_factory
 
-        overhead = c.step_overhead_s if "step_overhead_s" in c.model_fields_set else 0.0  # the GPU's work only
+        overhead = c.step_overhead_s or 0.0  # unset: the GPU's work only
         return profiled_cost_factory(c.profile, base_dir, cfg.model.spec, hw.spec, hw.tensor_parallel, block,
                                      kernel, pcie=hw.pcie, swap_batched=c.swap_batched, step_overhead_s=overhead)
     params = RooflineParams(compute_efficiency=c.compute_efficiency, memory_efficiency=c.memory_efficiency,
@@ -95,10 +97,8 @@ def make_cost_factory(cfg: ExperimentConfig, base_dir: Path) -> Callable[[], Cos
 def scheduler_settings(cfg: ExperimentConfig) -> SchedulerSettings:
     _, _, request_level = allocator_settings(cfg)
     sc = cfg.scheduler
-    make, extra = SchedulerSettings, {}
-    if sc.policy == "sglang":  # SGLang's own knobs ride along (simulator.scheduler_sglang)
-        make, extra = SGLangSettings, {k: getattr(sc, k) for k in SGLANG_ONLY_KEYS}
-    return make(**extra,
+    make = SGLangSettings if sc.policy == "sglang" else SchedulerSettings  # (simulator.scheduler_sglang)
+    return make(**sc.policy_keys(),  # the policy's own knobs ride along (none for vllm-v0)
         max_num_seqs=cfg.scheduler.max_num_seqs,
         max_num_batched_tokens=cfg.max_num_batched_tokens,
         max_seq_len=cfg.model.context_len,
@@ -110,9 +110,6 @@ def scheduler_settings(cfg: ExperimentConfig) -> SchedulerSettings:
         beam_concentration=cfg.decoding.beam_concentration,
         seed=cfg.seed,
         policy=cfg.scheduler.policy,
-        long_prefill_token_threshold=cfg.scheduler.long_prefill_token_threshold,
-        max_num_partial_prefills=cfg.scheduler.max_num_partial_prefills,
-        reserve_full_isl=cfg.scheduler.reserve_full_isl,
     )
 
 
@@ -185,7 +182,7 @@ def run_experiment(cfg: ExperimentConfig, base_dir: Path = Path("."),
         requests = build_requests(cfg.workload, base_dir=base_dir, seed=cfg.seed, max_seq_len=cfg.model.context_len)
     sim = Simulation(requests, make_allocator_factory(cfg), make_cost_factory(cfg, base_dir),
                      scheduler_settings(cfg), cfg.hardware.num_replicas, cfg.scheduler.router,
-                     macro_steps=cfg.scheduler.macro_steps, overlap_swap=cfg.preemption.overlap_swap,
+                     macro_steps=cfg.engine.macro_steps, overlap_swap=cfg.preemption.overlap_swap,
                      keep_steps=cfg.metrics.step_table, window=cfg.metrics.measurement_window)
     if progress is not None:
         progress.watch(sim)

@@ -318,7 +318,7 @@ class SchedulerV1:
         if lim.reserve_full_isl and blocks_for(T, B) - (cache.in_use(hits) if hits else 0) > free:
             return True
         cap = budget if not 0 < lim.long_prefill_token_threshold < budget else lim.long_prefill_token_threshold
-        rc = self.alloc.pool._refcount
+        rc = self.alloc.pool.refcounts
         held, least = 0, blocks_for(min(T, cap), B)  # no hit left
         for h, b in enumerate(hits, 1):
             held += rc[b] > 0

@@ -36,9 +36,9 @@ import numpy as np
 import pandas as pd
 
 from simulator.config import (
+    SCHEDULER_POLICIES,
     ConfigError,
     ExperimentConfig,
-    SchedulerConfig,
     validate_config,
 )
 from simulator.cost_model.catalogue import GPUS, MODELS
@@ -72,14 +72,7 @@ FREE_CLASSES = CLASSES[3:]  # external_frag, stranded_free, idle_free: slots in 
 def policy_available(policy: str) -> bool:
     """Whether this kvsim's config accepts ``scheduler.policy: <policy>`` (``vllm-v0`` is the
     paper's scheduler, always there; ``vllm-v1`` arrives with its own issue)."""
-    field_ = SchedulerConfig.model_fields.get("policy")
-    if field_ is None:
-        return policy == "vllm-v0"
-    try:
-        SchedulerConfig(policy=policy)
-    except Exception:  # noqa: BLE001 - any refusal means the policy is not there
-        return False
-    return True
+    return policy in SCHEDULER_POLICIES
 
 
 def default_profile(gpu: str, model: str) -> str | None:
@@ -139,7 +132,7 @@ def plan_replay(folder: RunFolder, *, cost_model: str = "profiled", profile: str
         raise ValidateError(f"{where}: model {s.model!r} is not in kvsim's catalogue and the run's resolved config "
                             f"records no shape (model_config.hf_config); give --model NAME (one of {', '.join(MODELS)})")
     if max_len is not None:
-        model_section["max_seq_len"] = max_len
+        model_section["context_len_tokens"] = max_len
     if cost_model not in COST_MODELS:
         raise ValidateError(f"--cost-model {cost_model}: choose one of {', '.join(COST_MODELS)}")
     if cost_model == "profiled" and profile is None:
@@ -169,14 +162,14 @@ def replay_config(folder: RunFolder, plan: ReplayPlan, policy: str, cost_model: 
     """The kvsim experiment that replays ``folder`` under ``policy`` (vllm-v1 or vllm-v0)."""
     s = plan.settings
     kind = cost_model or plan.cost_model
-    hardware: dict = {"gpu": plan.gpu, "tensor_parallel": s.tensor_parallel, "swap_space_gb": 0}
+    hardware: dict = {"gpu": plan.gpu, "tensor_parallel": s.tensor_parallel, "swap_space_gib": 0}
     if plan.num_gpu_blocks is not None:
         hardware["num_gpu_blocks"] = plan.num_gpu_blocks
     else:
         hardware["gpu_memory_utilization"] = s.gpu_memory_utilization
-    scheduler: dict = {"max_num_seqs": s.max_num_seqs, "macro_steps": False}
+    scheduler: dict = {"max_num_seqs": s.max_num_seqs}
     allocator: dict = {"block_size": s.block_size, "prefix_caching": s.prefix_caching}
-    context = plan.model.get("max_seq_len")
+    context = plan.model.get("context_len_tokens")
     if policy == "vllm-v1":
         scheduler.update(policy="vllm-v1", max_num_batched_tokens=s.max_num_batched_tokens,
                          long_prefill_token_threshold=s.long_prefill_token_threshold,
@@ -185,8 +178,7 @@ def replay_config(folder: RunFolder, plan: ReplayPlan, policy: str, cost_model: 
         # v0 without chunked prefill needs a budget of a whole prompt (vLLM v0 refuses a smaller one).
         budget = max(s.max_num_batched_tokens, context or 0)
         scheduler["max_num_batched_tokens"] = budget
-        if policy_available("vllm-v0") and "policy" in SchedulerConfig.model_fields:
-            scheduler["policy"] = "vllm-v0"
+        scheduler["policy"] = "vllm-v0"
     cost: dict = {"kind": kind}
     if kind == "profiled":
         cost["profile"] = plan.profile
@@ -199,6 +191,7 @@ def replay_config(folder: RunFolder, plan: ReplayPlan, policy: str, cost_model: 
         "scheduler": scheduler,
         "preemption": {"mode": "recompute"},
         "cost_model": cost,
+        "engine": {"macro_steps": False},  # one step row per iteration: the per-second curves need them
     }
     try:
         return validate_config(raw, source=f"replay of {folder.name} ({policy})", overrides=list(overrides))
@@ -272,14 +265,14 @@ def simulated_curves(steps: pd.DataFrame, requests: pd.DataFrame, capacity_slots
     docstring): for each second ``[t - 1, t)`` the last step ending in it, with the requests
     running and waiting as it was scheduled and the share of KV blocks held then.
 
-    ``steps`` must hold one row per iteration (``scheduler.macro_steps: false``, as the
+    ``steps`` must hold one row per iteration (``engine.macro_steps: false``, as the
     replay runs). Running requests = arrived - ended - waiting - swapped at the step's start:
     the step table counts the queues, the request table the arrivals and ends.
     """
     if not len(steps):
         return pd.DataFrame({"t": np.zeros(0, int), **{c: np.zeros(0) for c in CURVES}})
     if (steps["iterations"] > 1).any():
-        raise ValueError("per-second curves need one step table row per iteration (scheduler.macro_steps: false)")
+        raise ValueError("per-second curves need one step table row per iteration (engine.macro_steps: false)")
     start = steps["start_s"].to_numpy(float)
     end = start + steps["duration_s"].to_numpy(float)
     arrivals = np.sort(requests["arrival_s"].to_numpy(float))

@@ -44,6 +44,7 @@ from traces.lengths import (
     UniformLengths,
 )
 from traces.loaders import load_length_pool, load_trace
+from traces.multi_turn import LLAMA3_VOCAB, MultiTurnSpec, generate_multi_turn
 from traces.presets import preset_lengths
 from traces.sharegpt_filter import sharegpt_filter, sharegpt_keep_array
 from traces.transforms import (
@@ -284,13 +285,83 @@ class SharedPrefixConfig(_Section):
     tokens: PositiveInt
 
 
+class RangeConfig(_Section):
+    """``{min, max}``: an integer drawn uniformly from ``min`` to ``max`` (inclusive)."""
+
+    min: PositiveInt
+    max: PositiveInt
+
+    @model_validator(mode="after")
+    def _ordered(self) -> RangeConfig:
+        if self.max < self.min:
+            raise ValueError(f"max ({self.max}) must be >= min ({self.min})")
+        return self
+
+    def pair(self) -> tuple[int, int]:
+        return (self.min, self.max)
+
+
+class MultiTurnConfig(_Section):
+    """``multi_turn:`` generated chat conversations whose every turn resends the conversation
+    so far (system prompt, earlier user messages and answers) plus a new user message, with
+    token ids so prefix caches hit (:mod:`traces.multi_turn`: the layout, what can hit, and
+    the open-loop arrival rule)::
+
+        multi_turn:
+          conversations: 200             # how many conversations
+          conversation_rate: 1.0         # new conversations per second (Poisson)
+          turns: {min: 2, max: 6}        # turns per conversation
+          system_prompt_tokens: 600      # shared by all conversations (0: none) ...
+          system_prompts: 1              # ... or one of this many, picked per conversation
+          user_tokens: {min: 50, max: 300}     # new user message per turn
+          output_tokens: {min: 100, max: 400}  # answer per turn
+          think_time_s: 10.0             # mean pause (exponential) before the next turn ...
+          assumed_tpot_s: 0.02           # ... after output_tokens x this (assumed service)
+    """
+
+    conversations: PositiveInt
+    conversation_rate: PositiveFloat
+    turns: RangeConfig = RangeConfig(min=2, max=6)
+    system_prompt_tokens: Annotated[int, Field(ge=0)] = 0
+    system_prompts: PositiveInt = 1
+    user_tokens: RangeConfig = RangeConfig(min=50, max=300)
+    output_tokens: RangeConfig = RangeConfig(min=100, max=400)
+    think_time_s: NonNegativeFloat = 10.0
+    assumed_tpot_s: NonNegativeFloat = 0.02
+    vocab_size: Annotated[int, Field(ge=2)] = LLAMA3_VOCAB
+
+    @model_validator(mode="after")
+    def _bounded(self) -> MultiTurnConfig:
+        most = self.conversations * self.turns.max
+        if most > MAX_REQUESTS:
+            raise ValueError(f"conversations x turns.max = {most:.3g} requests is more than one run can hold "
+                             f"(at most {MAX_REQUESTS:.0e})")
+        return self
+
+    def spec(self) -> MultiTurnSpec:
+        """The generator's parameters."""
+        return MultiTurnSpec(
+            conversations=self.conversations,
+            conversation_rate=self.conversation_rate,
+            turns=self.turns.pair(),
+            system_prompt_tokens=self.system_prompt_tokens,
+            system_prompts=self.system_prompts,
+            user_tokens=self.user_tokens.pair(),
+            output_tokens=self.output_tokens.pair(),
+            think_time_s=self.think_time_s,
+            assumed_tpot_s=self.assumed_tpot_s,
+            vocab_size=self.vocab_size,
+        )
+
+
 class WorkloadConfig(_Section):
     """``workload:`` where requests come from and how they are shaped.
 
     Source, exactly one of:
       * ``trace``: a :class:`TraceSource`;
       * ``arrivals`` + ``lengths`` (+ ``num_requests`` and/or ``duration_s``, the
-        generator stops at whichever comes first).
+        generator stops at whichever comes first);
+      * ``multi_turn``: a :class:`MultiTurnConfig` (chat conversations with token ids).
 
     Transforms:
       * ``sharegpt_filter``: vLLM's benchmark filter (drop prompt or output < 4,
@@ -317,11 +388,21 @@ class WorkloadConfig(_Section):
     n: Annotated[int, Field(ge=1, le=MAX_GROUP)] = 1
     beam_width: Annotated[int, Field(ge=1, le=MAX_GROUP)] = 1
     shared_prefix: SharedPrefixConfig | None = None
+    multi_turn: MultiTurnConfig | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> WorkloadConfig:
         generator_keys = ("arrivals", "lengths", "num_requests", "duration_s")
-        if self.trace is not None:
+        if self.multi_turn is not None:
+            given = [k for k in ("trace", *generator_keys, "shared_prefix") if getattr(self, k) is not None]
+            if self.sharegpt_filter:
+                given.append("sharegpt_filter")
+            if self.rate_scale != 1.0:
+                given.append("rate_scale (set multi_turn.conversation_rate)")
+            if given:
+                raise ValueError(f"a multi_turn workload makes its own requests and token ids; remove "
+                                 f"{', '.join(given)}")
+        elif self.trace is not None:
             given = [k for k in generator_keys if getattr(self, k) is not None]
             if given:
                 raise ValueError(
@@ -393,13 +474,15 @@ def build_requests(
     the simulator rejects the ones that are too long.
     """
     if cfg.too_long == "clip" and max_seq_len is None:
-        raise ValueError("workload.too_long = 'clip' needs the model's max_seq_len")
+        raise ValueError("workload.too_long = 'clip' needs the model's max_seq_len (model.context_len_tokens)")
     if cfg.trace is not None:
         path = resolve_data_path(cfg.trace.path, base_dir, key="workload.trace.path")
         stream = load_trace(path, cfg.trace.trace_format(path), on_unsorted=cfg.trace.on_unsorted)
         if cfg.sharegpt_filter:
             stream = sharegpt_filter(stream)
         stream = scale_rate(stream, cfg.rate_scale)
+    elif cfg.multi_turn is not None:
+        stream = generate_multi_turn(cfg.multi_turn.spec(), seed=seed)
     else:
         assert cfg.arrivals is not None and cfg.lengths is not None
         lengths = make_length_sampler(cfg.lengths, base_dir)

@@ -37,10 +37,14 @@ steps is 10.1% with them, 23% without). ``ProfiledCostModel(chunk_tile=...)`` ov
 Held-out error (``tests/simulator/test_profiled_cost_model.py``): each interior value of
 each attention axis left out of the profile in turn, the model rebuilt on the rest and
 asked for the left-out points (a doubling grid: 4x gaps, harsher than real lookups), tile
-fixed at the whole profile's 256. Attention's own times: median <= 1.7% for every kind of
-step; p95 13.9% (decode), 11.7% (prefill; 31.8% with plain linear) and 17.6% (mixed; 20.7%
-linear: the kernel switches next to a chunk between 64 and 128 decoding sequences, which no
-interpolation of the neighbours predicts). Step times: median <= 0.22%, p95 <= 6.9%.
+fixed at the whole profile's 256, over the points whose KV fits the GPU (prefix + chunk +
+decodes x context <= 196,608 tokens, 24 GiB / 128 KiB). Attention's own times: median 2.1%
+(decode), 0.8% (prefill), 0.6% (mixed); p95 14.1%, 11.7% (31.8% with plain linear) and
+12.5%; dense 0.6% / 8.4%, per-sequence 0.5% / 3.7%. Step times: median <= 0.3%, p95 <= 5.5%.
+Over the whole grid mixed attention's p95 is 17.6%: at long decode contexts the kernel
+switches between 64 and 128 decoding sequences (3.8x the time for 2x the sequences), which
+no interpolation of the neighbours predicts; most of those points hold more KV (up to 2M
+tokens) than a 24 GiB GPU can.
 Linear beats log-x, log-log and nearest along the other axes (decode median 1.7% against
 2.7-38%), and ties log-log on the dense and per-sequence tables. Linear along the decode
 context keeps a decode step piecewise affine in the batch's context, which the engine's
@@ -63,9 +67,16 @@ Shapes the profile does not distinguish (``BatchShape`` holds sums, not lists):
   the mean cached prefix that gives the step's causal query-key pairs; one launch of the
   varlen kernel pays the fixed cost once, so the step pays one chunk's time plus
   ``s - 1`` times that chunk's time above the grid's cheapest prefill (the launch);
-- decoding sequences of unequal context: timed at the mean context. On the RTX 4090
-  bundle's skew shots this is off by median 3.9%, p95 31% for the attention kernel alone
-  (recorded in the profile's notes; the skew tables are not used).
+- decoding sequences of unequal context: timed at the mean context (the equal-length
+  approximation; the skew tables are not used). Measured on the RTX 4090 bundle's 13,009
+  skew shots (bimodal batches; ``profile_import.mean_context_error``, recorded in the
+  profile's notes), the attention kernel alone is off by median 3.9%, p95 31.0%, and the mean
+  context underestimates the skewed batch in 83% of the shots: median 3.0% / p95 20% when
+  the long sequences are at most 4K tokens, 10.7% / 42% above. Only the shots' ratios
+  are used: their absolute times run about 3x the attention grid's at the same shape
+  (median; a different harness, undocumented upstream). What would close it: a
+  per-step context spread in ``BatchShape`` (e.g. the longest context) and the bundle's
+  fitted ``alpha`` between the mean- and max-context times (``skew_fit.csv``).
 
 Tensor parallelism: a profile's ``tp<N>`` tables are per-GPU times measured at degree
 ``N`` on one GPU (upstream emulates a rank by dividing the model's shapes), so they hold

@@ -72,7 +72,7 @@ def test_a_recomputed_prompt_counts_its_generated_tokens_against_the_budget(tiny
 def test_a_budget_below_max_num_seqs_is_rejected_by_the_config():
     # A decode step is one token per running sequence, so with more sequences than the
     # budget a decode step or a swap-in would exceed it: vLLM refuses such limits, so does kvsim.
-    raw = {"name": "limits", "model": {"name": "opt-13b"}, "hardware": {"gpu": "a100-40gb", "kv_cache_gb": 12},
+    raw = {"name": "limits", "model": {"name": "opt-13b"}, "hardware": {"gpu": "a100-40gb", "kv_cache_gib": 12},
            "workload": {"arrivals": {"kind": "poisson", "rate": 1.0}, "lengths": {"kind": "preset", "name": "alpaca-paper"},
                         "num_requests": 4},
            "scheduler": {"max_num_seqs": 4096}}

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from policies.block_pool import OutOfBlocks
 from policies.kv_allocator import Admission, RunWeights
-from policies.paged_allocator import PagedAllocator, blocks_for, common_prefix
+from policies.paged_allocator import PagedAllocator, blocks_for, blocks_to_grow, common_prefix
 
 
 def test_new_block_only_when_last_is_full():
@@ -195,8 +195,8 @@ def test_random_operations_keep_every_invariant(block_size, ops):
         a.check()  # refcounts exact, blocks conserved, classes sum to capacity
         # Lazy tables: a sequence holds its listed blocks and the ones it is owed.
         owed = [blocks_for(a.kv_len(s), block_size) - len(a._tables[s]) for s in live]
-        assert min(owed, default=0) >= 0 and sum(owed) == a._owed
-        assert a.num_free_blocks == a.pool.num_free - a._owed
+        assert min(owed, default=0) >= 0 and sum(owed) == a.owed_blocks
+        assert a.num_free_blocks == a.pool.num_free - a.owed_blocks
     for s in live + swapped:
         a.free(s)
     assert a.pool.num_free == 24 and a.cpu_pool.num_free == 16
@@ -269,9 +269,9 @@ def test_lazy_tables_equal_tables_filled_block_by_block(block_size, ops):
         assert lazy.usage() == eager.usage()
         assert lazy.num_free_blocks == eager.num_free_blocks
         assert {s: lazy.kv_len(s) for s in live + swapped} == {s: eager.kv_len(s) for s in live + swapped}
-        assert eager._owed == 0
+        assert eager.owed_blocks == 0
         lazy.check()
-    assert lazy._ever_shared is False  # it stayed lazy throughout
+    assert lazy.lazy_tables  # it stayed lazy throughout
 
 
 @pytest.mark.parametrize("filled_in", [False, True])
@@ -298,3 +298,40 @@ def test_common_prefix_is_the_longest_equal_lead(shared, a_tail, b_tail):
     while n < min(len(a), len(b)) and a[n] == b[n]:
         n += 1
     assert common_prefix(a, b) == common_prefix(b, a) == n
+
+
+def test_blocks_to_grow_is_the_one_rule():
+    """A new block exactly when the last one is full, for every length and growth."""
+    for B in (1, 3, 4):
+        for length in range(3 * B + 1):
+            for tokens in range(2 * B + 1):
+                held = [b for b in range(length + tokens) if b % B == 0]  # block starts written
+                before = sum(1 for b in held if b < length)
+                assert blocks_to_grow(length, tokens, B) == len(held) - before
+            assert blocks_to_grow(length, 1, B) == (length % B == 0)
+
+
+def test_the_first_share_swaps_lazy_tables_for_exact_ones_once():
+    """Lazy tables owe blocks until something is shared; the fork fills every table in,
+    hands over to the exact strategy, and the strategy stays chosen after that."""
+    a = PagedAllocator(num_blocks=16, block_size=2)
+    a.admit([0], 3, 12)
+    a.admit([1], 1, 12)
+    for _ in range(4):
+        assert a.try_append_all()
+    assert a.lazy_tables and a.owed_blocks == 4  # seq 0: 7 tokens in 4 blocks, 2 listed; seq 1: 5 in 3, 1
+    a.fork(0, 2, 12)
+    assert not a.lazy_tables and a.owed_blocks == 0
+    assert [len(a._tables[s]) for s in (0, 1, 2)] == [4, 3, 4] and a._tables[2] == a._tables[0]
+    exact = a._tables_mode
+    a.fork(1, 3, 12)
+    assert a._tables_mode is exact
+    a.check()
+    assert not PagedAllocator(4, 2, prefix_caching=True).lazy_tables  # a cache shares from the start
+
+
+def test_refcounts_is_a_view_of_the_pool_counts():
+    a = PagedAllocator(num_blocks=4, block_size=2)
+    a.admit([0, 1], 3, 4)  # two sequences share both prompt blocks
+    assert [a.pool.refcounts[b] for b in range(4)] == [a.pool.refcount(b) for b in range(4)]
+    assert sorted(a.pool.refcounts) == [0, 0, 2, 2]

@@ -20,11 +20,11 @@ HASH_BLOCK_TOKENS = 256  # every block size divides it
 
 def base_config(max_len: int, kv_slots: int, swap_slots: int) -> dict:
     return {
-        "model": {"name": "llama-2-7b", "max_seq_len": max_len},
+        "model": {"name": "llama-2-7b", "context_len_tokens": max_len},
         "hardware": {
             "gpu": "a100-80gb",
-            "kv_cache_gb": kv_slots / SLOTS_PER_GIB,
-            "swap_space_gb": swap_slots / SLOTS_PER_GIB,
+            "kv_cache_gib": kv_slots / SLOTS_PER_GIB,
+            "swap_space_gib": swap_slots / SLOTS_PER_GIB,
         },
         "workload": {
             "arrivals": {"kind": "poisson", "rate": 1.0},
@@ -75,8 +75,8 @@ def configs(draw) -> dict:
         "max_num_batched_tokens": max(budget, max_num_seqs),  # a decode step fits the budget
         "batching": batching,
         "router": draw(st.sampled_from(["round_robin", "least_outstanding_tokens"])),
-        "macro_steps": draw(st.sampled_from([True, True, True, False])),
     }
+    cfg["engine"] = {"macro_steps": draw(st.sampled_from([True, True, True, False]))}
     cfg["hardware"]["num_replicas"] = draw(st.sampled_from([1, 1, 2, 3]))
     cfg["preemption"] = {
         "mode": draw(st.sampled_from(["recompute", "swap", "swap", "auto"])),
@@ -87,18 +87,7 @@ def configs(draw) -> dict:
         "sample_lengths": draw(st.sampled_from(["same", "independent"])),
         "beam_concentration": draw(st.sampled_from([0.0, 1.0, 3.0])),
     }
-    window = draw(st.sampled_from(["busy", "saturated", "explicit"]))
-    if window == "explicit":
-        start = draw(st.sampled_from([None, 0.05, 0.5]))
-        end = draw(st.sampled_from([None, 1.0, 3.0]))
-        if start is None and end is None:
-            end = 0.2
-        cfg["metrics"] = {"window_start_s": start, "window_end_s": end}
-    else:
-        cfg["metrics"] = {"window": window}
-    cfg["metrics"]["step_table"] = draw(st.booleans())
-    cfg["seed"] = draw(st.integers(0, 3))
-    return cfg
+    return draw_window_and_seed(draw, cfg, starts=(None, 0.05, 0.5), ends=(None, 1.0, 3.0))
 
 
 @st.composite
@@ -147,7 +136,7 @@ def workloads(
 def cases(draw, max_count: int = 16) -> tuple[dict, list[Request]]:
     cfg = draw(configs())
     caching = cfg["allocator"].get("prefix_caching", False)
-    return cfg, draw(workloads(cfg["model"]["max_seq_len"], caching, max_count=max_count))
+    return cfg, draw(workloads(cfg["model"]["context_len_tokens"], caching, max_count=max_count))
 
 
 # --- vllm-v1 ------------------------------------------------------------------------------------
@@ -156,7 +145,7 @@ def v1_configs(draw, prefix_caching: bool | None = None) -> dict:
     """``scheduler.policy: vllm-v1``: small token budgets so prompts are chunked, long-prefill
     thresholds, partial-prefill limits, full-input reservation on and off, small caches so
     running requests preempt each other, block sizes 1-256, 1-3 replicas. Lengths that are
-    not powers of two leave the cache's whole blocks short of ``max_seq_len``, so requests
+    not powers of two leave the cache's whole blocks short of ``model.context_len_tokens``, so requests
     that fit the model but not the cache are rejected."""
     max_len = draw(st.sampled_from([100, 128, 200, 256, 512]))
     kv_slots = draw(st.one_of(st.integers(max_len, 2 * max_len), st.integers(max_len, 5 * max_len)))
@@ -174,20 +163,9 @@ def v1_configs(draw, prefix_caching: bool | None = None) -> dict:
         "max_num_partial_prefills": draw(st.sampled_from([None, None, 1, 2])),
         "reserve_full_isl": draw(st.booleans()),
         "router": draw(st.sampled_from(["round_robin", "least_outstanding_tokens"])),
-        "macro_steps": draw(st.sampled_from([True, True, True, False])),
     }
-    cfg["hardware"]["num_replicas"] = draw(st.sampled_from([1, 1, 2, 3]))
-    window = draw(st.sampled_from(["busy", "saturated", "explicit"]))
-    if window == "explicit":
-        cfg["metrics"] = {
-            "window_start_s": draw(st.sampled_from([None, 0.05])),
-            "window_end_s": draw(st.sampled_from([0.2, 1.0])),
-        }
-    else:
-        cfg["metrics"] = {"window": window}
-    cfg["metrics"]["step_table"] = draw(st.booleans())
-    cfg["seed"] = draw(st.integers(0, 3))
-    return cfg
+    cfg["engine"] = {"macro_steps": draw(st.sampled_from([True, True, True, False]))}
+    return draw_replicas_window_seed(draw, cfg)
 
 
 @st.composite
@@ -251,4 +229,85 @@ def v1_workloads(draw, max_len: int, max_count: int = 12) -> list[Request]:
 @st.composite
 def v1_cases(draw, prefix_caching: bool | None = None) -> tuple[dict, list[Request]]:
     cfg = draw(v1_configs(prefix_caching))
-    return cfg, draw(v1_workloads(cfg["model"]["max_seq_len"]))
+    return cfg, draw(v1_workloads(cfg["model"]["context_len_tokens"]))
+
+
+
+def draw_replicas_window_seed(draw, cfg: dict) -> dict:
+    """1-3 replicas, a busy / saturated / explicit window, the step table on or off, a seed."""
+    cfg["hardware"]["num_replicas"] = draw(st.sampled_from([1, 1, 2, 3]))
+    return draw_window_and_seed(draw, cfg, starts=(None, 0.05), ends=(0.2, 1.0))
+
+
+def draw_window_and_seed(draw, cfg: dict, starts: tuple, ends: tuple) -> dict:
+    """A busy / saturated / explicit window (start and end drawn from ``starts`` and ``ends``,
+    s; an explicit window with neither ends at 0.2 s), the step table on or off, a seed."""
+    window = draw(st.sampled_from(["busy", "saturated", "explicit"]))
+    if window == "explicit":
+        start, end = draw(st.sampled_from(starts)), draw(st.sampled_from(ends))
+        if start is None and end is None:
+            end = 0.2
+        cfg["metrics"] = {"window_start_s": start, "window_end_s": end}
+    else:
+        cfg["metrics"] = {"window": window}
+    cfg["metrics"]["step_table"] = draw(st.booleans())
+    cfg["seed"] = draw(st.integers(0, 3))
+    return cfg
+
+# --- sglang -------------------------------------------------------------------------------------
+@st.composite
+def sglang_configs(draw) -> dict:
+    """``scheduler.policy: sglang``: every queue order and eviction policy, page sizes 1, 16
+    and 64, chunks smaller than a prompt and larger than any, mixed chunks on and off, small
+    caches (a request or a few) so the running batch runs out and retracts, 1-3 replicas."""
+    max_len = draw(st.sampled_from([128, 256, 512]))
+    kv_slots = draw(st.one_of(st.integers(max_len, 2 * max_len), st.integers(max_len, 5 * max_len)))
+    cfg = base_config(max_len, kv_slots, 0)
+    page = draw(st.sampled_from([p for p in [1, 1, 16, 64] if p <= kv_slots]))
+    cfg["allocator"] = {"kind": "paged", "block_size": page}
+    max_num_seqs = draw(st.sampled_from([1, 2, 3, 8, 256, 256]))
+    cfg["scheduler"] = {
+        "policy": "sglang",
+        "schedule_policy": draw(st.sampled_from(["lpm", "lpm", "dfs-weight", "fcfs"])),
+        "eviction_policy": draw(st.sampled_from(["lru", "lfu", "fifo", "priority"])),
+        # (a chunk below the page size is a config error: chunks are cut to whole pages)
+        "chunked_prefill_size": draw(st.sampled_from([c for c in [None, 16, 50, 64, 128, 8192]
+                                                      if c is None or c >= page])),
+        "enable_mixed_chunk": draw(st.booleans()),
+        "schedule_conservativeness": draw(st.sampled_from([1.0, 1.0, 0.3, 2.0])),
+        "max_num_seqs": max_num_seqs,
+        # (the config asks for a budget of at least max_num_seqs tokens)
+        "max_num_batched_tokens": max(draw(st.sampled_from([64, 200, 1024, 16384])), max_num_seqs),
+        "router": draw(st.sampled_from(["round_robin", "least_outstanding_tokens"])),
+    }
+    return draw_replicas_window_seed(draw, cfg)
+
+
+@st.composite
+def sglang_cases(draw, max_count: int = 12) -> tuple[dict, list[Request]]:
+    """An sglang config and one-sequence requests sharing prefixes (prefix ids, hash ids,
+    token ids cut anywhere: not page-aligned)."""
+    cfg = draw(sglang_configs())
+    return cfg, draw(v1_workloads(cfg["model"]["context_len_tokens"], max_count=max_count))
+
+
+@st.composite
+def sglang_pressure_cases(draw) -> tuple[dict, list[Request]]:
+    """sglang under memory pressure: everything arrives at once with long outputs into a
+    cache of a request or two, under a reservation ratio low enough (conservativeness 0.1
+    to 0.3) to admit more than fits, so the running batch runs out of slots and retracts."""
+    cfg = draw(sglang_configs())
+    cfg["model"]["context_len_tokens"] = 256
+    cfg["hardware"]["kv_cache_gib"] = draw(st.integers(256, 420)) / SLOTS_PER_GIB
+    cfg["allocator"]["block_size"] = min(cfg["allocator"]["block_size"], 16)
+    cfg["scheduler"]["schedule_conservativeness"] = draw(st.sampled_from([0.1, 0.2, 0.3]))
+    cfg["scheduler"]["max_num_seqs"] = draw(st.sampled_from([3, 8, 256]))
+    cfg["scheduler"]["max_num_batched_tokens"] = 1024
+    requests = draw(v1_workloads(256, max_count=10))
+    requests = [
+        Request(r.request_id, 0.0, r.prompt_tokens, max(r.output_tokens, 60), prefix_id=r.prefix_id,
+                prefix_tokens=r.prefix_tokens, hash_ids=r.hash_ids,
+                hash_block_tokens=r.hash_block_tokens, token_ids=r.token_ids)
+        for r in requests
+    ]
+    return cfg, requests

@@ -59,7 +59,7 @@ def run_fast(cfg: ExperimentConfig, requests: list[Request]) -> Simulation:
         scheduler_settings(cfg),
         cfg.hardware.num_replicas,
         cfg.scheduler.router,
-        macro_steps=cfg.scheduler.macro_steps,
+        macro_steps=cfg.engine.macro_steps,
         overlap_swap=cfg.preemption.overlap_swap,
         keep_steps=cfg.metrics.step_table,
         window=cfg.metrics.measurement_window,

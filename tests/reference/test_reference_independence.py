@@ -8,21 +8,26 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from ref_cases import cases, v1_cases
+from ref_cases import cases, sglang_cases, sglang_pressure_cases, v1_cases
 
 from simulator.config import ExperimentConfig
 from simulator.reference import ReferenceReplica, ReferenceV1Replica, simulate
+from simulator.reference_sglang import ReferenceSGLangReplica
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = (
     "simulator/reference.py",
     "policies/reference_paged.py",
     "policies/reference_contiguous.py",
+    "simulator/reference_sglang.py",
+    "policies/reference_radix.py",
 )
 #: The fast path's machinery: clocks, buckets, lazy tables, closed forms, folded logs.
 FAST = (
     "simulator.engine",
     "simulator.scheduler",
+    "simulator.scheduler_v1",
+    "simulator.scheduler_sglang",
     "simulator.step_log",
     "simulator.latency_histogram",
     "simulator.memory_classes",
@@ -35,6 +40,8 @@ FAST = (
     "policies.block_pool",
     "policies.kv_allocator",
     "policies.reservation",
+    "policies.radix_cache",
+    "policies.v1_prefix_cache",
 )
 
 
@@ -65,12 +72,12 @@ def test_the_import_check_sees_a_forbidden_import(tmp_path):
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.one_of(cases(), v1_cases()))
+@given(st.one_of(cases(), v1_cases(), sglang_cases(), sglang_pressure_cases()))
 def test_reference_allocators_balance_their_books_after_every_step(case):
     config, requests = case
     checks = []
-    replica = (
-        ReferenceV1Replica if config["scheduler"].get("policy") == "vllm-v1" else ReferenceReplica
+    replica = {"vllm-v1": ReferenceV1Replica, "sglang": ReferenceSGLangReplica}.get(
+        config["scheduler"].get("policy"), ReferenceReplica
     )
     real = replica.complete
 
@@ -91,16 +98,20 @@ def test_reference_allocators_balance_their_books_after_every_step(case):
         assert m.free == alloc.capacity
 
 
-def test_the_reference_refuses_a_policy_it_does_not_implement():
-    """An sglang config must not silently run under the reference's v0 rules."""
-    import pytest
-
-    from simulator.config import ExperimentConfig
+def test_an_sglang_config_runs_under_the_reference_sglang_rules():
+    """An sglang config must not silently run under the reference's v0 rules: its replicas
+    are ReferenceSGLangReplica over the reference radix cache, with the config's settings."""
+    from policies.reference_radix import ReferenceRadixCache
     from simulator.reference import ReferenceSimulation
 
     cfg = ExperimentConfig.model_validate({
-        "model": {"name": "llama-2-7b"}, "hardware": {"gpu": "a100-80gb", "kv_cache_gb": 1},
-        "workload": {"num_requests": 1, "arrivals": {"kind": "poisson", "rate": 1.0}, "lengths": {"kind": "fixed", "prompt_tokens": 8, "output_tokens": 4}},
-        "scheduler": {"policy": "sglang"}})
-    with pytest.raises(ValueError, match="sglang"):
-        ReferenceSimulation(cfg, [])
+        "model": {"name": "llama-2-7b"}, "hardware": {"gpu": "a100-80gb", "kv_cache_gib": 1},
+        "workload": {"num_requests": 1, "arrivals": {"kind": "poisson", "rate": 1.0},
+                     "lengths": {"kind": "fixed", "prompt_tokens": 8, "output_tokens": 4}},
+        "allocator": {"block_size": 16},
+        "scheduler": {"policy": "sglang", "eviction_policy": "lfu", "schedule_policy": "fcfs"}})
+    replica = ReferenceSimulation(cfg, []).replicas[0]
+    assert type(replica) is ReferenceSGLangReplica
+    assert isinstance(replica.alloc, ReferenceRadixCache)
+    assert (replica.alloc.eviction, replica.alloc.page_size) == ("lfu", 16)
+    assert replica.rules.schedule_policy == "fcfs"

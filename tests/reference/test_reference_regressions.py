@@ -41,7 +41,7 @@ def test_azure_conversation_head_under_memory_pressure():
     cfg, requests = load(
         "quickstart.yaml",
         "workload.window.num_requests=60",
-        "hardware.kv_cache_gb=2",
+        "hardware.kv_cache_gib=2",
         "metrics.window=saturated",
         "scheduler.max_num_seqs=32",
     )
@@ -51,16 +51,29 @@ def test_azure_conversation_head_under_memory_pressure():
     assert_same(cfg, requests)
 
 
+
+def mooncake_head(*overrides: str):
+    """The Mooncake trace's first 100 requests on a 4 GiB KV cache (32,768 slots; longer
+    requests are rejected), with ``overrides``."""
+    return load("vllm_paper/mooncake_prefix.yaml", "workload.window.num_requests=100", "hardware.kv_cache_gib=4",
+                "model.context_len_tokens=32768", *overrides)
+
+
+def hits_evicts_preempts_and_agrees(cfg, requests) -> None:
+    """The case reaches the rules it is for (cache hits, evictions, preemption or retraction),
+    and both engines agree on it."""
+    result = simulate(cfg, requests)
+    assert result.totals.counters["cached_tokens"] > 0, "the case must hit the prefix cache"
+    assert sum(a.evictions for a in result.allocators) > 0, "the case must evict cached blocks"
+    assert result.requests["preemptions"].sum() > 0, "the case must preempt (or retract)"
+    assert_same(cfg, requests)
+
+
 def test_mooncake_synthetic_head_with_prefix_caching():
     """The Mooncake trace's first 100 requests (hash ids of 512-token blocks, prompts up to
     ~40K tokens) with prefix caching on a 4 GiB KV cache (32,768 slots; longer requests are
     rejected), where cached blocks are hit, revived and evicted, and a group is preempted."""
-    cfg, requests = load(
-        "vllm_paper/mooncake_prefix.yaml",
-        "workload.window.num_requests=100",
-        "hardware.kv_cache_gb=4",
-        "model.max_seq_len=32768",
-    )
+    cfg, requests = mooncake_head()
     result = simulate(cfg, requests)
     assert result.totals.counters["cached_tokens"] > 0, "the case must hit the prefix cache"
     assert sum(a.evictions for a in result.allocators) > 0, "the case must evict cached blocks"
@@ -94,11 +107,11 @@ def test_fig19_swap_recompute_reduced(mode, block_size):
     cfg, requests = load(
         "vllm_paper/opt13b_sharegpt.yaml",
         "workload.arrivals.rate=2.2",
-        "hardware.swap_space_gb=8",
+        "hardware.swap_space_gib=8",
         f"preemption.mode={mode}",
         f"allocator.block_size={block_size}",
         "workload.num_requests=30",
-        "hardware.kv_cache_gb=2",
+        "hardware.kv_cache_gib=2",
     )
     result = simulate(cfg, requests)
     assert result.requests["preemptions"].sum() > 0, "the case must exercise preemption"
@@ -111,8 +124,8 @@ def test_profiled_cost_model_under_memory_pressure():
     cfg = ExperimentConfig.model_validate(
         {
             "name": "profiled",
-            "model": {"name": "llama-3.1-8b", "max_seq_len": 4096},
-            "hardware": {"gpu": "rtx4090", "kv_cache_gb": 1.0},
+            "model": {"name": "llama-3.1-8b", "context_len_tokens": 4096},
+            "hardware": {"gpu": "rtx4090", "kv_cache_gib": 1.0},
             "workload": {
                 "arrivals": {"kind": "poisson", "rate": 6.0},
                 "lengths": {"kind": "preset", "name": "sharegpt-paper"},
@@ -229,7 +242,7 @@ def test_v1_azure_conversation_head_chunked_under_memory_pressure():
     cfg, requests = load(
         "quickstart.yaml",
         "workload.window.num_requests=60",
-        "hardware.kv_cache_gb=2",
+        "hardware.kv_cache_gib=2",
         "metrics.window=saturated",
         "scheduler.max_num_seqs=32",
         "scheduler.policy=vllm-v1",
@@ -248,20 +261,12 @@ def test_v1_mooncake_head_with_prefix_caching():
     """The Mooncake head (hash ids of 512-token blocks) under vllm-v1 with prefix caching on a
     4 GiB cache: prompts up to ~30K tokens chunked into a 2048-token budget, cache hits,
     lazy evictions from the free queue, and preemptions."""
-    cfg, requests = load(
-        "vllm_paper/mooncake_prefix.yaml",
-        "workload.window.num_requests=100",
-        "hardware.kv_cache_gb=4",
-        "model.max_seq_len=32768",
+    cfg, requests = mooncake_head(
         "scheduler.policy=vllm-v1",
         "preemption.mode=recompute",
         "scheduler.max_num_batched_tokens=2048",
     )
-    result = simulate(cfg, requests)
-    assert result.totals.counters["cached_tokens"] > 0, "the case must hit the prefix cache"
-    assert sum(a.evictions for a in result.allocators) > 0, "the case must evict cached blocks"
-    assert result.requests["preemptions"].sum() > 0, "the case must exercise preemption"
-    assert_same(cfg, requests)
+    hits_evicts_preempts_and_agrees(cfg, requests)
 
 
 def test_v1_a_finish_ends_a_decode_run_when_a_request_waits_for_a_seat():
@@ -304,4 +309,76 @@ def test_v1_recompute_tokens_are_counted_chunk_by_chunk():
     steps = result.steps
     assert (steps["recompute_tokens"] <= steps["prefill_tokens"]).all()
     assert steps["recompute_tokens"].sum() > steps["prefill_tokens"].max()
+    assert_same(cfg, requests)
+
+
+# --- sglang ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ("allocator.block_size=1",),  # SGLang's defaults: page 1, lpm, lru, chunks of 8192
+        (
+            "allocator.block_size=16",
+            "scheduler.schedule_policy=dfs-weight",
+            "scheduler.eviction_policy=lfu",
+            "scheduler.enable_mixed_chunk=true",
+            "scheduler.chunked_prefill_size=2048",
+        ),
+    ],
+)
+def test_sglang_mooncake_head_radix_cache(overrides):
+    """The Mooncake head (hash ids of 512-token blocks, prompts up to ~30K tokens) under
+    sglang on a 4 GiB cache (32,768 slots): the radix tree is hit and evicted, long prompts
+    are chunked, and running requests are retracted."""
+    cfg, requests = mooncake_head(
+        "scheduler.policy=sglang",
+        "preemption.mode=recompute",
+        "allocator.watermark=0",
+        *overrides,
+    )
+    hits_evicts_preempts_and_agrees(cfg, requests)
+
+
+def test_sglang_azure_conversation_head_mixed_under_memory_pressure():
+    """The quickstart's Azure conversation head under sglang on a 1 GiB cache, a reservation
+    ratio of 0.07 (conservativeness 0.1) that admits more than fits, dfs-weight order and
+    512-token chunks mixed with the running batch's decodes: a request is retracted."""
+    cfg, requests = load(
+        "quickstart.yaml",
+        "workload.window.num_requests=60",
+        "hardware.kv_cache_gib=1",
+        "metrics.window=saturated",
+        "scheduler.max_num_seqs=32",
+        "scheduler.policy=sglang",
+        "preemption.mode=recompute",
+        "allocator.watermark=0",
+        "scheduler.schedule_conservativeness=0.1",
+        "scheduler.enable_mixed_chunk=true",
+        "scheduler.chunked_prefill_size=512",
+        "scheduler.schedule_policy=dfs-weight",
+    )
+    result = simulate(cfg, requests)
+    assert result.requests["preemptions"].sum() > 0, "the case must retract"
+    mixed = (result.steps["prefill_tokens"] > 0) & (result.steps["decode_tokens"] > 0)
+    assert mixed.any(), "the case must mix prefill chunks with decodes"
+    assert_same(cfg, requests)
+
+
+def test_sglang_lpm_falls_back_to_arrival_order_while_more_than_128_wait():
+    """140 token-id requests at once (three 32-36-token shared heads, then their own tokens)
+    and 20 more later, 16 running at most: for the first steps more than 128 wait and lpm
+    keeps arrival order; once fewer wait it sorts by cached prefix again (a reference that
+    always sorts admits other requests first: caught in the comparison)."""
+    cfg = base_config(512, 1200, 0)
+    cfg["scheduler"] = {"policy": "sglang", "max_num_seqs": 16, "max_num_batched_tokens": 512,
+                        "chunked_prefill_size": 128}
+    requests = []
+    for i in range(160):
+        head, own = 32 + i % 5, 8 + (i * 37) % 90 - i % 5
+        tokens = (i % 3,) * head + (7 + (i * 11) % 50,) * own
+        requests.append(Request(i, 0.0 if i < 140 else 0.5, len(tokens), 8 + (i * 13) % 40,
+                                token_ids=tokens))
+    result = simulate(ExperimentConfig.model_validate(cfg), requests)
+    assert result.steps["waiting"].max() > 128, "the queue must exceed lpm's 128"
+    assert result.totals.counters["cached_tokens"] > 0, "the case must hit the radix cache"
     assert_same(cfg, requests)

@@ -43,7 +43,7 @@ def sampler_peak(tokens, rows):
 def raw_config(tmp_path, **hardware):
     return {
         "name": "capacity",
-        "model": {"name": "llama-3.1-8b", "max_seq_len": 2048},
+        "model": {"name": "llama-3.1-8b", "context_len_tokens": 2048},
         "hardware": {"gpu": "rtx4090", **hardware},
         "workload": {"arrivals": {"kind": "poisson", "rate": 4.0},
                      "lengths": {"kind": "preset", "name": "sharegpt-paper"}, "num_requests": 12},

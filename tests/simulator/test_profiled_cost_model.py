@@ -152,14 +152,15 @@ def grid_shape(pc, kp, nd, kd):
                       decode_seqs=nd, decode_context=nd * kd)
 
 
-def held_out_errors(profile, tile=None):
+def held_out_errors(profile, tile=None, max_kv_tokens=math.inf):
     """Relative errors of held-out grid points, per table: the table's own time, and the
     step time of a step at that point (what the simulator uses).
 
     Dense and per-sequence tables: each interior point interpolated from the others.
     Attention: each interior value of each axis left out of the profile (all points measured
     at it), and the model built on the rest times the steps at those points, with the chunk
-    axis's tile ``tile`` (None: re-chosen on each reduced grid).
+    axis's tile ``tile`` (None: re-chosen on each reduced grid). Only attention points whose
+    KV (cached prefix + chunk + decodes x context, tokens) is at most ``max_kv_tokens``.
     """
     warnings.simplefilter("ignore", ProfileExtrapolationWarning)  # callers catch_warnings
     m = model(profile)
@@ -186,6 +187,8 @@ def held_out_errors(profile, tile=None):
             for pc, kp, nd, kd, t in points:
                 if (pc, kp, nd, kd)[axis] != value or (axis == 1 and pc == 0) or (axis == 3 and nd == 0):
                     continue
+                if pc + kp + nd * kd > max_kv_tokens:
+                    continue
                 kind = "decode" if pc == 0 else "prefill" if nd == 0 else "mixed"
                 shape = grid_shape(pc, kp, nd, kd)
                 table[f"attention {kind}"].append(abs(held.attention_time(shape) / (LAYERS * t) - 1))
@@ -193,23 +196,33 @@ def held_out_errors(profile, tile=None):
     return {k: _quantiles(v) for k, v in table.items()}, {k: _quantiles(v) for k, v in step.items()}
 
 
+#: The most KV tokens an RTX 4090 could hold for Llama-3.1-8B with no weights at all (24 GiB /
+#: 128 KiB per token = 196,608): grid points above it cannot occur in a simulation of this GPU.
+RTX4090_KV_TOKENS = GPUS["rtx4090"].memory_bytes // MODELS["llama-3.1-8b"].kv_bytes_per_token
+
+
 @pytest.fixture(scope="module")
 def held_out(profile):
     with warnings.catch_warnings():
-        return held_out_errors(profile, chunk_tile(profile.tp[1].attention))
+        return held_out_errors(profile, chunk_tile(profile.tp[1].attention), RTX4090_KV_TOKENS)
 
 
 def test_held_out_grid_points_are_reproduced(held_out):
     """Issue 18's target on the profile's own grid, held out (a doubling grid: 4x gaps,
-    harsher than the 2x gaps of real lookups): within 5% median and 15% p95 for the step
-    times the simulator uses, and for every table's own times but mixed attention's p95.
+    harsher than the 2x gaps of real lookups): within 5% median and 15% p95 for every table's
+    own times and for the step times the simulator uses, over the grid points whose KV fits
+    the GPU's memory (``RTX4090_KV_TOKENS``; all of the decode- and prefill-only points but
+    20 of 158 decode ones, 24,624 of 27,680 mixed ones).
+
+    Measured: attention median 2.1% (decode), 0.8% (prefill), 0.6% (mixed); p95 14.1%, 11.7%,
+    12.5%; dense 0.6% / 8.4%, per-sequence 0.5% / 3.7%; step times median <= 0.3%, p95 <= 5.5%. Over the whole grid mixed attention's p95 is 17.6%: at long decode contexts the
+    kernel switches between 64 and 128 decoding sequences (3.8x the time for 2x the
+    sequences), which no interpolation of the neighbours predicts (linear, log-x, n^1.5, n^2
+    tried: 20-64%); most of those points hold more KV (up to 2M tokens) than the GPU can.
 
     The chunk axis's tile is the one chosen on the whole profile (256 rows): with the
     256-token chunks left out, the rest cannot tell 256 from 512 (held-out p95 11.0% vs 10.8%)
-    and re-choosing it there gives prefill attention a p95 of 32%. Mixed attention's own p95
-    (17.6%) is the kernel switching next to a prefill chunk between 64 and 128 decoding
-    sequences (3.8x the time for 2x the sequences at 16K tokens): no interpolation of the
-    neighbours predicts it (linear, log-x, n^1.5, n^2 tried: 20-64%); step times absorb it.
+    and re-choosing it there gives prefill attention a p95 of 32%.
     """
     table, step = held_out
     assert set(step) == set(table) == {"dense", "per_sequence", "attention decode", "attention prefill",
@@ -217,7 +230,7 @@ def test_held_out_grid_points_are_reproduced(held_out):
     for name, (median, p95) in step.items():
         assert median <= 0.05 and p95 <= 0.15, ("step", name, median, p95)
     for name, (median, p95) in table.items():
-        assert median <= 0.02 and p95 <= (0.18 if name == "attention mixed" else 0.15), (name, median, p95)
+        assert median <= 0.05 and p95 <= 0.15, (name, median, p95)
     assert table["attention prefill"][1] <= 0.12 and step["attention mixed"][1] <= 0.08
 
 
@@ -379,7 +392,7 @@ def test_a_profile_of_other_shapes_is_refused(profile):
 def config(tmp_path, **cost):
     return {
         "name": "profiled",
-        "model": {"name": "llama-3.1-8b", "max_seq_len": 4096},
+        "model": {"name": "llama-3.1-8b", "context_len_tokens": 4096},
         "hardware": {"gpu": "rtx4090"},
         "workload": {"arrivals": {"kind": "poisson", "rate": 6.0},
                      "lengths": {"kind": "preset", "name": "sharegpt-paper"}, "num_requests": 120},
@@ -394,7 +407,7 @@ def test_run_experiment_with_kind_profiled(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ProfileExtrapolationWarning)
         on = run_experiment(cfg)
-        off = run_experiment(cfg.model_copy(update={"scheduler": cfg.scheduler.model_copy(
+        off = run_experiment(cfg.model_copy(update={"engine": cfg.engine.model_copy(
             update={"macro_steps": False})}))
     assert on.summary["completed"] == 120
     assert on.summary["cost_out_of_grid_lookups"] > 0  # prompts under 16 tokens, contexts under 16
@@ -420,9 +433,9 @@ def test_profiled_needs_a_profile_and_a_known_one(tmp_path):
 
 def test_a_model_described_by_its_shape(tmp_path):
     raw = config(tmp_path)
-    raw["model"] = {"name": "my-llama", "max_seq_len": 4096, "shape": {
+    raw["model"] = {"name": "my-llama", "context_len_tokens": 4096, "shape": {
         "num_layers": 32, "hidden_size": 4096, "num_heads": 32, "num_kv_heads": 8, "head_dim": 128,
-        "intermediate_size": 14336, "vocab_size": 128256, "max_seq_len": 131072}}
+        "intermediate_size": 14336, "vocab_size": 128256, "context_len_tokens": 131072}}
     cfg = validate_config(raw)
     spec = cfg.model.spec
     assert (spec.num_layers, spec.head_dim, spec.kv_bytes_per_token) == (32, 128, 2 * 32 * 8 * 128 * 2)

@@ -146,7 +146,7 @@ def test_fit_refuses_nothing_and_mixed_block_sizes(rtx4090):
 def raw_config(tmp_path, **cost):
     return {
         "name": "preset",
-        "model": {"name": "llama-3.1-8b", "max_seq_len": 4096},
+        "model": {"name": "llama-3.1-8b", "context_len_tokens": 4096},
         "hardware": {"gpu": "rtx4090"},
         "workload": {"arrivals": {"kind": "poisson", "rate": 2.0},
                      "lengths": {"kind": "preset", "name": "sharegpt-paper"}, "num_requests": 10},
@@ -180,7 +180,7 @@ def test_a_config_selects_a_preset(tmp_path):
     ({"efficiencies": "hand-picked", "memory_efficiency": 0.7}, "'hand-picked' sets memory_efficiency: give "
                                                                  "one or the other"),
     ({"kind": "profiled", "profile": "rtx4090-llama-3.1-8b", "efficiencies": "hand-picked"},
-     "applies to kind 'roofline' only"),
+     "cost_model.efficiencies: allowed only with kind roofline (cost_model.kind is profiled)"),
     ({"efficiencies": 7}, "efficiencies: expected a preset name, got 7"),
 ])
 def test_a_bad_preset_is_a_one_line_error(tmp_path, cost, message):

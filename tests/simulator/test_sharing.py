@@ -10,7 +10,7 @@ def run(**sections):
     raw = {
         "name": "share",
         "model": {"name": "opt-13b"},
-        "hardware": {"gpu": "a100-40gb", "kv_cache_gb": 12},
+        "hardware": {"gpu": "a100-40gb", "kv_cache_gib": 12},
         "workload": {
             "arrivals": {"kind": "poisson", "rate": 4.0},
             "lengths": {"kind": "preset", "name": "alpaca-paper"},

@@ -165,7 +165,7 @@ def test_a_synthetic_folder_end_to_end(tmp_path):
 
 def test_without_a_recorded_block_count_the_capacity_is_computed_and_said(tmp_path):
     v = validate_run(make_folder(tmp_path / "run", blocks=None), cost_model="roofline")
-    expected = validate_config({"model": {"name": "llama-2-7b", "max_seq_len": 1024},
+    expected = validate_config({"model": {"name": "llama-2-7b", "context_len_tokens": 1024},
                                 "hardware": {"gpu": "a100-80gb", "gpu_memory_utilization": 0.9},
                                 # vLLM sizes its activation peak at the run's own batch limits
                                 "scheduler": {"max_num_seqs": 8, "max_num_batched_tokens": 4096},

@@ -12,7 +12,7 @@ TINY_BASE = {
     "name": "tiny",
     "seed": 0,
     "model": {"name": "llama-2-7b"},
-    "hardware": {"gpu": "a100-80gb", "kv_cache_gb": 2},
+    "hardware": {"gpu": "a100-80gb", "kv_cache_gib": 2},
     "workload": {
         "arrivals": {"kind": "poisson", "rate": 8.0},
         "lengths": {

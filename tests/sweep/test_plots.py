@@ -21,7 +21,7 @@ def _assert_figures(paths, stems):
 
 
 def test_block_size_and_preemption_sweep_gets_its_figures(write_sweep, tiny_base):
-    tiny_base["hardware"]["kv_cache_gb"] = 0.5  # tight memory: preemptions happen
+    tiny_base["hardware"]["kv_cache_gib"] = 0.5  # tight memory: preemptions happen
     path = write_sweep(
         {
             "grid": {"allocator.block_size": [8, 32]},
