@@ -9,7 +9,7 @@ very bookkeeping the simulator models.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Sequence, Sized
 
 from policies.free_block_queue import FreeBlockQueue
 
@@ -27,7 +27,7 @@ class BlockPool:
     exactly when its refcount is 0.
     """
 
-    __slots__ = ("num_blocks", "block_size", "_free", "_refcount")
+    __slots__ = ("num_blocks", "block_size", "_free", "_refcount", "free_list")
 
     def __init__(self, num_blocks: int, block_size: int):
         if num_blocks < 0:
@@ -38,6 +38,9 @@ class BlockPool:
         self.block_size = block_size
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))
         self._refcount: list[int] = [0] * num_blocks
+        # The free blocks, for hot loops that count them (``len``: no property call).
+        # Read-only: change it through the methods.
+        self.free_list: Sized = self._free
 
     # --- queries -----------------------------------------------------------
     @property
@@ -149,6 +152,7 @@ class QueuedBlockPool(BlockPool):
     def __init__(self, num_blocks: int, block_size: int):
         super().__init__(num_blocks, block_size)
         self._free = FreeBlockQueue(range(num_blocks))  # type: ignore[assignment]  # index order, 0 at the head
+        self.free_list = self._free
 
     def allocate(self) -> int:
         if not self._free:

@@ -207,7 +207,7 @@ class PagedAllocator(KVAllocator):
     # --- free blocks, counting unreferenced cached ones ----------------------------
     @property
     def num_free_blocks(self) -> int:
-        return self.pool.num_free + len(self._evictable) - self._tables_mode.owed
+        return len(self.pool.free_list) + len(self._evictable) - self._tables_mode.owed
 
     def _take(self) -> int:
         """One block for new content: a free one, else evict the least recently used cached one."""
@@ -875,7 +875,7 @@ class LazyTables:
 
     def append_all(self, crossing: dict[int, None]) -> bool:
         a = self.alloc
-        if len(crossing) > a.pool.num_free - self.owed:  # (no evictable blocks without a prefix cache)
+        if len(crossing) > len(a.pool.free_list) - self.owed:  # (no evictable blocks without a prefix cache)
             return False
         self.owed += len(crossing)
         heap = self.heap
@@ -952,7 +952,8 @@ class LazyTables:
 
     def usage(self) -> MemoryUsage:
         # Every block has one holder: the totals say it all (and no prefix cache: nothing evictable).
-        return self.alloc._usage_totals(self.alloc.pool.num_free - self.owed)
+        a = self.alloc
+        return a._usage_totals(len(a.pool.free_list) - self.owed)
 
     def check(self, resident: list[int]) -> None:
         a = self.alloc

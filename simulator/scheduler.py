@@ -23,7 +23,7 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -121,9 +121,15 @@ class FinishQueue:
             heapq.heappop(heap)
         return None
 
-    def due_by(self, ticks: int) -> Iterator[SequenceGroup]:
+    def due_by(self, ticks: int) -> Iterable[SequenceGroup]:
         """Take the running groups due at or before ``ticks``, earliest first (one filed
         again while the caller handles another is seen too)."""
+        heap = self._heap
+        if not heap or heap[0][0] > ticks:  # most steps retire nobody: no generator then
+            return ()
+        return self._take_due(ticks)
+
+    def _take_due(self, ticks: int) -> Iterator[SequenceGroup]:
         heap = self._heap
         while heap and heap[0][0] <= ticks:
             due, _, _, g = heapq.heappop(heap)
