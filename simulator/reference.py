@@ -258,7 +258,8 @@ class ReferenceReplica:
             self.end(
                 g,
                 "rejected",
-                f"prompt + output = {longest} tokens exceeds max_seq_len {rules.max_seq_len}",
+                f"prompt + output = {longest} tokens exceeds the context window "
+                f"(model.context_len_tokens) {rules.max_seq_len}",
             )
         else:
             self.waiting.append(g)
@@ -534,7 +535,8 @@ class ReferenceV1Replica(ReferenceReplica):
             self.end(
                 g,
                 "rejected",
-                f"prompt + output = {longest} tokens exceeds max_seq_len {self.rules.max_seq_len}",
+                f"prompt + output = {longest} tokens exceeds the context window "
+                f"(model.context_len_tokens) {self.rules.max_seq_len}",
             )
         elif blocks_for(g.final_len(seq), B) > self.alloc.num_blocks:
             # At its last step it holds prompt + output - 1 tokens (the last one is never stored).

@@ -125,7 +125,8 @@ class ReferenceSGLangReplica(ReferenceReplica):
         if request.num_seqs > 1:
             self.end(g, "rejected", "sglang runs one sequence per request")
         elif P + out > self.rules.max_seq_len:
-            self.end(g, "rejected", f"prompt + output = {P + out} tokens exceeds max_seq_len "
+            self.end(g, "rejected", f"prompt + output = {P + out} tokens exceeds the context window "
+                                    "(model.context_len_tokens) "
                      f"{self.rules.max_seq_len}")
         elif P + min(out, CLIP_OUTPUT) >= cap or P + out - 1 > cap:  # admission could never pass,
             # or its whole KV is more than the cache

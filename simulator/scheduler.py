@@ -191,10 +191,12 @@ class Scheduler:
             self._end(group, Status.REJECTED, f"{k} sequences (samples or beams) exceed max_num_seqs "
                       f"{self.limits.max_num_seqs}")
         elif request.prompt_tokens > limit:
-            self._end(group, Status.REJECTED, f"prompt of {request.prompt_tokens} tokens exceeds max_seq_len {limit}")
+            self._end(group, Status.REJECTED, f"prompt of {request.prompt_tokens} tokens exceeds the context window "
+                                              f"(model.context_len_tokens) {limit}")
         elif request.prompt_tokens + group.max_output > limit:
             total = request.prompt_tokens + group.max_output
-            self._end(group, Status.REJECTED, f"prompt + output = {total} tokens exceeds max_seq_len {limit}")
+            self._end(group, Status.REJECTED, f"prompt + output = {total} tokens exceeds the context window "
+                                              f"(model.context_len_tokens) {limit}")
         else:
             self.waiting.append(group)
         return group

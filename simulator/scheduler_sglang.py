@@ -152,7 +152,8 @@ class SchedulerSGLang:
             self._end(g, Status.REJECTED, f"sglang runs one sequence per request (n={request.n}, beam_width="
                       f"{request.beam_width}): SGLang runs parallel samples as separate requests")
         elif P + out > limit:
-            self._end(g, Status.REJECTED, f"prompt + output = {P + out} tokens exceeds max_seq_len {limit}")
+            self._end(g, Status.REJECTED, f"prompt + output = {P + out} tokens exceeds the context window "
+                                          f"(model.context_len_tokens) {limit}")
         elif P + min(out, CLIP_MAX_NEW_TOKENS) >= cap or P + out - 1 > cap:  # (admission's test alone;
             # its whole KV, which a clipped estimate may not cover)
             self._end(g, Status.REJECTED, f"needs more KV slots than the whole cache ({cap})")

@@ -106,9 +106,11 @@ class SchedulerV1:
                       f"{request.beam_width}): vLLM v1 fans samples out into separate requests and has no "
                       "beam search")
         elif P > limit:
-            self._end(g, Status.REJECTED, f"prompt of {P} tokens exceeds max_seq_len {limit}")
+            self._end(g, Status.REJECTED, f"prompt of {P} tokens exceeds the context window "
+                                          f"(model.context_len_tokens) {limit}")
         elif P + out > limit:
-            self._end(g, Status.REJECTED, f"prompt + output = {P + out} tokens exceeds max_seq_len {limit}")
+            self._end(g, Status.REJECTED, f"prompt + output = {P + out} tokens exceeds the context window "
+                                          f"(model.context_len_tokens) {limit}")
         elif blocks_for(max(g.final_len(s), P), B) > self.alloc.pool.num_blocks:
             self._end(g, Status.REJECTED, f"needs more KV slots than the whole cache ({self.alloc.capacity})")
         else:

@@ -133,6 +133,6 @@ def test_requests_longer_than_the_model_are_rejected_with_the_length_that_was_to
                paged(64, 4), max_seq_len=16)
     r = out.requests
     assert list(r["status"]) == ["rejected", "rejected", "finished"]
-    assert r.loc[0, "reason"] == "prompt of 17 tokens exceeds max_seq_len 16"
-    assert r.loc[1, "reason"] == "prompt + output = 17 tokens exceeds max_seq_len 16"
+    assert r.loc[0, "reason"] == "prompt of 17 tokens exceeds the context window (model.context_len_tokens) 16"
+    assert r.loc[1, "reason"] == "prompt + output = 17 tokens exceeds the context window (model.context_len_tokens) 16"
     assert r.loc[2, "finish_s"] == 1.0

@@ -88,7 +88,7 @@ def test_too_long_requests_are_rejected_with_reason():
     s.schedule(0.0)
     reasons = {g.request.request_id: g.reason for g in ended}
     assert all(g.status is Status.REJECTED for g in ended)
-    assert "max_seq_len" in reasons[0] and "prompt + output" in reasons[1]
+    assert "context window (model.context_len_tokens)" in reasons[0] and "prompt + output" in reasons[1]
     assert "whole cache" in reasons[2]
 
 
