@@ -190,7 +190,7 @@ def test_all_rejected_run_warns_and_strict_makes_it_fail(tmp_path, monkeypatch, 
     assert main(["run", "ok.yaml", "--no-plot", "--quiet", *too_long]) == 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("warning: tiny: no request completed (5 rejected of 5)")
-    assert "max_seq_len" in err[0]  # the first rejection's reason
+    assert "context window (model.context_len_tokens)" in err[0]  # the first rejection's reason
     assert main(["run", "ok.yaml", "--no-plot", "--quiet", "--strict", *too_long]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: tiny: no request completed")
