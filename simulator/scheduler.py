@@ -91,6 +91,16 @@ class Step:
         return len(self.prefill) + len(self.decode)
 
 
+def beyond_context(prompt: int, output: int, limit: int) -> str | None:
+    """Why a request of ``prompt`` + ``output`` tokens can never run in a context window of
+    ``limit`` tokens (None: it fits). The v0 and v1 rule: the prompt alone is named first."""
+    if prompt > limit:
+        return f"prompt of {prompt} tokens exceeds the context window (model.context_len_tokens) {limit}"
+    if prompt + output > limit:
+        return f"prompt + output = {prompt + output} tokens exceeds the context window (model.context_len_tokens) {limit}"
+    return None
+
+
 class FinishQueue:
     """Running groups by the decode-clock tick at which their next sequence finishes
     (``SequenceGroup.due``; a decode step ticks the clock once for every running group).
@@ -190,13 +200,8 @@ class Scheduler:
         if k > self.limits.max_num_seqs:
             self._end(group, Status.REJECTED, f"{k} sequences (samples or beams) exceed max_num_seqs "
                       f"{self.limits.max_num_seqs}")
-        elif request.prompt_tokens > limit:
-            self._end(group, Status.REJECTED, f"prompt of {request.prompt_tokens} tokens exceeds the context window "
-                                              f"(model.context_len_tokens) {limit}")
-        elif request.prompt_tokens + group.max_output > limit:
-            total = request.prompt_tokens + group.max_output
-            self._end(group, Status.REJECTED, f"prompt + output = {total} tokens exceeds the context window "
-                                              f"(model.context_len_tokens) {limit}")
+        elif why := beyond_context(request.prompt_tokens, group.max_output, limit):
+            self._end(group, Status.REJECTED, why)
         else:
             self.waiting.append(group)
         return group

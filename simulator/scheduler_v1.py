@@ -49,7 +49,7 @@ from policies.v1_prefix_cache import V1PrefixCacheAllocator
 from simulator.cost_model.base import causal_attention_pairs
 from simulator.decoding import prefix_contents
 from simulator.latency_histogram import LatencyHistogram
-from simulator.scheduler import FinishQueue, SchedulerSettings, Step
+from simulator.scheduler import FinishQueue, SchedulerSettings, Step, beyond_context
 from simulator.sequence import DecodeClock, SequenceGroup, Status
 from traces import Request
 
@@ -105,12 +105,8 @@ class SchedulerV1:
             self._end(g, Status.REJECTED, f"vllm-v1 runs one sequence per request (n={request.n}, beam_width="
                       f"{request.beam_width}): vLLM v1 fans samples out into separate requests and has no "
                       "beam search")
-        elif P > limit:
-            self._end(g, Status.REJECTED, f"prompt of {P} tokens exceeds the context window "
-                                          f"(model.context_len_tokens) {limit}")
-        elif P + out > limit:
-            self._end(g, Status.REJECTED, f"prompt + output = {P + out} tokens exceeds the context window "
-                                          f"(model.context_len_tokens) {limit}")
+        elif why := beyond_context(P, out, limit):
+            self._end(g, Status.REJECTED, why)
         elif blocks_for(max(g.final_len(s), P), B) > self.alloc.pool.num_blocks:
             self._end(g, Status.REJECTED, f"needs more KV slots than the whole cache ({self.alloc.capacity})")
         else:
