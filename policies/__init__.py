@@ -1,4 +1,5 @@
-"""KV-cache allocators and preemption policies: pure data structures, no simulator imports."""
+"""KV-cache allocators, block pools, prefix caches and eviction orders: pure data structures,
+no simulator imports. (Preemption is the schedulers' rule: simulator/scheduler*.py.)"""
 
 from policies.block_pool import BlockPool, OutOfBlocks
 from policies.contiguous_allocator import (

@@ -149,9 +149,12 @@ class QueuedBlockPool(BlockPool):
 
     __slots__ = ()
 
-    def __init__(self, num_blocks: int, block_size: int):
+    def __init__(self, num_blocks: int, block_size: int, queue: FreeBlockQueue | None = None):
+        """``queue``: the free blocks' order if not vLLM's FIFO (an
+        ``UncachedFirstQueue`` of all ``num_blocks``, for another eviction policy)."""
         super().__init__(num_blocks, block_size)
-        self._free = FreeBlockQueue(range(num_blocks))  # type: ignore[assignment]  # index order, 0 at the head
+        # index order, 0 at the head
+        self._free = queue if queue is not None else FreeBlockQueue(range(num_blocks))  # type: ignore[assignment]
         self.free_list = self._free
 
     def allocate(self) -> int:

@@ -12,7 +12,8 @@ contents before and including it (a block's identity depends on everything in
 front of it, as in vLLM's hash of parent hash + tokens). The cache itself holds
 one reference to every block it indexes, so a block whose sequences have all
 finished stays valid and reusable; such *unreferenced* cached blocks count as
-free and are evicted least-recently-used first when a block is needed. (vLLM v1's cache,
+free and are evicted least-recently-used first when a block is needed (or in another
+policy's order, ``eviction``: see ``_take``). (vLLM v1's cache,
 one FIFO free queue and no cache reference, is the subclass in ``policies.v1_prefix_cache``;
 ``open_seq`` and ``extend`` grow sequences by prefill chunks for the v1 scheduler.)
 
@@ -52,6 +53,7 @@ from collections.abc import Hashable, Sequence
 from operator import mul
 
 from policies.block_pool import BlockPool, OutOfBlocks
+from policies.eviction_order import EvictionOrder
 from policies.kv_allocator import (
     Admission,
     KVAllocator,
@@ -95,7 +97,8 @@ class PagedAllocator(KVAllocator):
 
     shares_memory = True
 
-    def __init__(self, num_blocks: int, block_size: int, swap_blocks: int = 0, prefix_caching: bool = False):
+    def __init__(self, num_blocks: int, block_size: int, swap_blocks: int = 0, prefix_caching: bool = False,
+                 eviction: str = "lru"):
         self.pool = BlockPool(num_blocks, block_size)
         self.cpu_pool = BlockPool(swap_blocks, block_size)
         self.block_size = block_size
@@ -120,6 +123,11 @@ class PagedAllocator(KVAllocator):
         self._cached: dict[int, int] = {}  # key -> GPU block holding that content
         self._key_of: dict[int, int] = {}  # GPU block -> its key
         self._evictable: OrderedDict[int, None] = OrderedDict()  # cached blocks no sequence holds, LRU first
+        # Another eviction policy than lru: its order over the cached keys (``_evictable`` then
+        # only says which blocks are evictable). Clock: one tick per registration, hit, or
+        # block becoming evictable.
+        self._cache_order = EvictionOrder(eviction, num_blocks) if prefix_caching and eviction != "lru" else None
+        self._cache_now = 0
         # Totals over GPU-resident sequences, kept so the hot path never walks all of them.
         self._res_seqs = 0
         self._res_base = 0  # sum of bases: the resident kv total is this + seqs * clock (tokens)
@@ -215,7 +223,11 @@ class PagedAllocator(KVAllocator):
             raise OutOfBlocks("no free GPU block (the caller skipped a check)")
         if self.pool.num_free:
             return self.pool.allocate()
-        block, _ = self._evictable.popitem(last=False)
+        if self._cache_order is None:
+            block, _ = self._evictable.popitem(last=False)
+        else:  # the policy's victim among the evictable cached blocks
+            block = self._cached[self._cache_order.evict()]
+            del self._evictable[block]
         del self._cached[self._key_of.pop(block)]
         self.evictions += 1
         self.pool.release(block)  # the cache's reference; now free
@@ -241,6 +253,10 @@ class PagedAllocator(KVAllocator):
                 if rc[b] == 1 and b in self._key_of and b not in self._evictable:
                     self._token_states -= filled[b]
                     self._evictable[b] = None
+                    if self._cache_order is not None:  # released now: recency
+                        self._cache_now += 1
+                        self._cache_order.touch(self._key_of[b], self._cache_now)
+                        self._cache_order.offer(self._key_of[b])
 
     # --- prefix cache ----------------------------------------------------------------
     def _keys(self, prefix: Sequence[Hashable]) -> list[int]:
@@ -307,11 +323,17 @@ class PagedAllocator(KVAllocator):
             return 0
         keys = self._keys(prefix) if self.prefix_caching and prefix else []
         hits = self._hits(keys)
+        order = self._cache_order
         for b in hits:  # revive or share the cached blocks
             pool.share(b)
+            if order is not None:  # a use of the cached content
+                self._cache_now += 1
+                order.hit(self._key_of[b], self._cache_now)
             if b in self._evictable:
                 del self._evictable[b]
                 self._token_states += filled[b]
+                if order is not None:
+                    order.withdraw(self._key_of[b])
         self.prefix_lookups += len(keys)
         self.prefix_hits += len(hits)
         fresh = self._take_many(blocks_for(prompt_len, B) - len(hits))
@@ -325,6 +347,9 @@ class PagedAllocator(KVAllocator):
             self._cached[keys[i]] = b
             self._key_of[b] = keys[i]
             pool.share(b)
+            if order is not None:
+                self._cache_now += 1
+                order.insert(keys[i], self._cache_now)
         blocks = hits + fresh
         if len(seq_ids) > 1:
             self._share()
@@ -718,6 +743,11 @@ class PagedAllocator(KVAllocator):
         assert len(self._key_of) == len(self._cached)
         for b in self._evictable:
             assert b in self._key_of and self.pool.refcount(b) == 1, f"evictable block {b} is still held"
+        if self._cache_order is not None:
+            self._cache_order.check()
+            assert set(self._cache_order.entries) == set(self._cached), "the eviction order's keys are not the cache's"
+            filed = {self._cached[k] for k, e in self._cache_order.entries.items() if e.filed}
+            assert filed == set(self._evictable), "the eviction order's evictable blocks are not the cache's"
         for b in range(self.pool.num_blocks):
             assert gpu_refs[b] == self.pool.refcount(b), f"GPU block {b}: refcount is not exact"
         for b in range(self.cpu_pool.num_blocks):

@@ -25,7 +25,12 @@ What differs from vLLM's block cache (``policies.v1_prefix_cache``), after SGLan
   (last access), ``lfu`` (hits, then last access), ``fifo`` (creation), ``priority``
   (the highest request priority that inserted it, then last access). Entries are deleted
   lazily (a stamp per node says whether an entry is current); a parent whose last child
-  goes joins the heap.
+  goes joins the heap. ``arc`` (not in SGLang; kvsim's, see ``policies.eviction_order``)
+  keeps its lists in an :class:`~policies.eviction_order.EvictionOrder` instead, over
+  nodes: a node enters T1 when created, every later match or insertion through it is a
+  use (T2), a split's upper half copies its node's facts, and a ghost remembers an evicted
+  leaf by (tokens from the root through it, its tokens), so re-inserting the same leaf
+  under the same parent is a ghost hit. ARC's ``c`` is the capacity in pages.
 
 Cost: every operation walks nodes, not tokens. Keys are tuples; a node is compared with
 the query by one slice comparison (C speed), and only when they differ does a binary
@@ -45,9 +50,8 @@ import heapq
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
+from policies.eviction_order import EVICTION_POLICIES, EvictionOrder
 from policies.kv_allocator import MemoryUsage
-
-EVICTION_POLICIES = ("lru", "lfu", "fifo", "priority")
 
 Tokens = tuple[Hashable, ...]
 
@@ -77,7 +81,8 @@ class RadixTree:
     ``total``: tokens in the tree; ``evictable``: tokens in nodes with ``lock_ref == 0``.
     """
 
-    def __init__(self, page_size: int = 1, eviction: str = "lru"):
+    def __init__(self, page_size: int = 1, eviction: str = "lru", capacity_pages: int = 0):
+        """``capacity_pages``: pages the cache can hold (ARC's ``c``; other policies ignore it)."""
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
         if eviction not in EVICTION_POLICIES:
@@ -92,6 +97,8 @@ class RadixTree:
         self.evicted_tokens = 0
         self._uid = 0
         self._heap: list[tuple[tuple, int, int, Node]] = []  # (policy key, uid, stamp, node)
+        # arc: the order of nodes (the heap stays empty)
+        self._arc = EvictionOrder("arc", capacity_pages, _ghost) if eviction == "arc" else None
 
     # --- keys ---------------------------------------------------------------------------
     def _edge(self, tokens: Sequence[Hashable], pos: int) -> Hashable:
@@ -126,6 +133,9 @@ class RadixTree:
 
     def _push(self, node: Node) -> None:
         """File an evictable leaf (or file it again: its key changed)."""
+        if self._arc is not None:
+            self._arc.offer(node)
+            return
         node.stamp += 1
         heapq.heappush(self._heap, (self._key(node), node.uid, node.stamp, node))
 
@@ -134,6 +144,8 @@ class RadixTree:
         node.hits += 1
         if priority is not None and priority > node.priority:
             node.priority = priority
+        if self._arc is not None:
+            self._arc.hit(node, self.time, node.priority)
         if not node.lock_ref and not node.children:
             self._push(node)
 
@@ -150,6 +162,8 @@ class RadixTree:
         node.parent = upper
         upper.children[self._edge(node.key, 0)] = node
         self.num_nodes += 1
+        if self._arc is not None:
+            self._arc.copy(upper, node)
         return upper
 
     def _walk(self, tokens: Tokens, n: int, priority: int | None) -> tuple[int, Node]:
@@ -192,6 +206,8 @@ class RadixTree:
         self.total += n - pos
         self.evictable += n - pos
         self.num_nodes += 1
+        if self._arc is not None:
+            self._arc.insert(leaf, self.time, priority, _ghost(leaf))
         self._push(leaf)
         return pos, leaf
 
@@ -217,11 +233,16 @@ class RadixTree:
     def evict(self, num_tokens: int) -> int:
         """Evict unlocked leaves in policy order until ``num_tokens`` are freed (or none is
         left); return the tokens freed (whole nodes: may exceed the ask)."""
-        freed, heap, root = 0, self._heap, self.root
-        while freed < num_tokens and heap:
-            _, _, stamp, node = heapq.heappop(heap)
-            if node.stamp != stamp or node.lock_ref or node.children:
-                continue  # stale: evicted, re-filed since, locked or not a leaf any more
+        freed, heap, root, arc = 0, self._heap, self.root, self._arc
+        while freed < num_tokens and (heap or arc is not None):
+            if arc is not None:
+                node = arc.evict(_evictable)
+                if node is None:
+                    break
+            else:
+                _, _, stamp, node = heapq.heappop(heap)
+                if node.stamp != stamp or node.lock_ref or node.children:
+                    continue  # stale: evicted, re-filed since, locked or not a leaf any more
             parent = node.parent
             del parent.children[self._edge(node.key, 0)]
             size = len(node.key)
@@ -270,8 +291,24 @@ class RadixTree:
             total += len(n.key)
             evictable += 0 if n.lock_ref else len(n.key)
             if not n.lock_ref and not n.children:
-                assert any(e[3] is n and e[2] == n.stamp for e in self._heap), f"leaf {n.uid} not in the heap"
+                if self._arc is not None:
+                    assert self._arc.entries[n].filed, f"leaf {n.uid} not filed in the ARC order"
+                else:
+                    assert any(e[3] is n and e[2] == n.stamp for e in self._heap), f"leaf {n.uid} not in the heap"
         assert total == self.total and evictable == self.evictable, "tree sizes drifted"
+        if self._arc is not None:
+            self._arc.check()
+            assert set(self._arc.entries) == set(self.nodes()), "the ARC order's nodes are not the tree's"
+
+
+def _ghost(node: Node) -> tuple:
+    """What ARC's ghost lists remember an evicted node by: where it ends and its tokens."""
+    return (node.end, node.key)
+
+
+def _evictable(node: Node) -> bool:
+    """Leaf-only eviction: an unlocked node without children."""
+    return not node.lock_ref and not node.children
 
 
 @dataclass(slots=True)
@@ -317,7 +354,7 @@ class RadixCacheAllocator:
             raise ValueError(f"capacity {capacity} holds less than one page of {page_size}")
         self.page_size = self.block_size = page_size
         self.capacity = capacity // page_size * page_size
-        self.tree = RadixTree(page_size, eviction)
+        self.tree = RadixTree(page_size, eviction, self.capacity // page_size)
         self.free_slots = self.capacity  # neither in the tree nor held privately
         self.held: dict[int, _Held] = {}
         self.prefix_lookups = 0  # tokens looked up at admission

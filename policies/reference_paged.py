@@ -45,6 +45,8 @@ from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
+from policies.reference_eviction import PlainEvictionOrder
+
 OK, NO_SPACE, FRAGMENTED, NEVER = "ok", "no_space", "fragmented", "never"
 
 
@@ -108,6 +110,7 @@ class ReferencePagedAllocator:
     block_size: int
     swap_blocks: int = 0
     prefix_caching: bool = False
+    eviction: str = "lru"  # which cached block only the cache holds goes first (see ``take``)
     shares_memory: bool = field(default=True, init=False)
     copied_blocks: int = field(default=0, init=False)  # copy-on-write copies so far
     prefix_lookups: int = field(default=0, init=False)
@@ -132,6 +135,10 @@ class ReferencePagedAllocator:
         self.cpu_holders: dict[int, int] = {}  # CPU block in use -> sequences holding it
         self.cpu_filled: dict[int, int] = {}
         self.cpu_free_list: list[int] = list(range(self.swap_blocks))
+        # other policies than lru: their facts about each cached name; one clock tick per
+        # registration, hit, and cached block left to the cache alone
+        self.policy = PlainEvictionOrder(self.eviction, self.num_blocks)
+        self.clock = 0
 
     # --- blocks ----------------------------------------------------------------
     def num_free(self) -> int:
@@ -139,11 +146,15 @@ class ReferencePagedAllocator:
         return len(self.free_list) + len(self.lru)
 
     def take(self) -> int:
-        """A block for new content: a free one, else evict the least recently used cached one."""
+        """A block for new content: a free one, else evict the least recently used cached
+        one (another policy: the one it picks among them)."""
         if self.free_list:
             block = self.free_list.pop()
         else:
-            block = next(iter(self.lru))
+            if self.eviction == "lru":
+                block = next(iter(self.lru))
+            else:
+                block = self.cache[self.policy.victim(self.key_of[b] for b in self.lru)]
             del self.lru[block]
             del self.cache[self.key_of.pop(block)]
             self.evictions += 1
@@ -163,6 +174,9 @@ class ReferencePagedAllocator:
         if self.holders[block] == 0:
             if block in self.key_of:
                 self.lru[block] = None
+                if self.eviction != "lru":  # left to the cache now: its recency
+                    self.clock += 1
+                    self.policy.touch(self.key_of[block], self.clock)
             else:
                 self.free_list.append(block)
 
@@ -223,6 +237,9 @@ class ReferencePagedAllocator:
         keys = self.prefix_keys(prefix)
         hits = self.cache_hits(prefix)
         for b in hits:
+            if self.eviction != "lru":  # a use of the cached content
+                self.clock += 1
+                self.policy.hit(self.key_of[b], self.clock)
             self.hold(b)
         self.prefix_lookups += len(keys)
         self.prefix_hits += len(hits)
@@ -233,6 +250,9 @@ class ReferencePagedAllocator:
             if i < len(keys) and keys[i] not in self.cache:  # a full block with a name: cache it
                 self.cache[keys[i]] = b
                 self.key_of[b] = keys[i]
+                if self.eviction != "lru":
+                    self.clock += 1
+                    self.policy.insert(keys[i], self.clock)
         for b in blocks:  # every further sequence holds the prompt blocks too
             self.holders[b] += len(seq_ids) - 1
         for s, final in zip(seq_ids, finals):
@@ -396,6 +416,15 @@ class ReferenceFreeQueueAllocator:
       if another block already holds that key, the first one stays the cached one. A hit on
       a block in the free queue takes it out of the queue.
 
+    Eviction policies other than ``lru`` (``eviction``; vLLM's rule is the queue above):
+    the free queue holds only blocks with no cached content, and free cached blocks wait
+    apart (``cached_free``); allocation takes the queue's head while there is one, else the
+    cached block the policy picks (``policies.reference_eviction``). The policy's facts
+    about a cached content key: it is entered at the first hit or release of its block; a
+    hit (a request takes the block) is a use, at the request's priority; every release of
+    the block by a holder refreshes its recency and raises its priority to the holder's.
+    One clock tick per hit and per release of a cached block.
+
     Nothing is swapped, forked or copied: vLLM v1 preempts by recomputation and runs one
     sequence per request. Memory classes as in :class:`ReferencePagedAllocator`: every block
     in the free queue (cached or not) is free.
@@ -404,6 +433,7 @@ class ReferenceFreeQueueAllocator:
     num_blocks: int
     block_size: int
     prefix_caching: bool = False
+    eviction: str = "lru"
     prefix_lookups: int = field(default=0, init=False)  # full blocks looked up at admission
     prefix_hits: int = field(default=0, init=False)  # ... and found
     evictions: int = field(default=0, init=False)
@@ -420,6 +450,10 @@ class ReferenceFreeQueueAllocator:
         self.names: dict[tuple[int, Hashable], int] = {}  # (parent key, content) -> key
         self.cache: dict[int, int] = {}  # key -> the block holding that content
         self.key_of: dict[int, int] = {}  # block -> its key
+        self.priority: dict[int, int] = {}  # sequence -> its request's priority
+        self.cached_free: set[int] = set()  # eviction policies other than lru: free cached blocks
+        self.policy = PlainEvictionOrder(self.eviction, self.num_blocks)
+        self.clock = 0  # one tick per hit or release of a cached block
 
     # --- keys ---------------------------------------------------------------------------
     def chain_key(self, parent: int, content: Hashable) -> int:
@@ -437,11 +471,17 @@ class ReferenceFreeQueueAllocator:
 
     # --- blocks -------------------------------------------------------------------------
     def num_free(self) -> int:
-        return len(self.free_queue)
+        return len(self.free_queue) + len(self.cached_free)
 
     def take(self) -> int:
-        """The head of the free queue; if it is cached, its key is dropped now (evicted)."""
-        block = self.free_queue.popleft()
+        """The head of the free queue; if it is cached, its key is dropped now (evicted).
+        (Other policies: a cached block only when the queue is empty, the policy's victim.)"""
+        if self.free_queue:
+            block = self.free_queue.popleft()
+        else:
+            victim = self.policy.victim(self.key_of[b] for b in self.cached_free)
+            block = self.cache[victim]
+            self.cached_free.remove(block)
         if block in self.key_of:
             del self.cache[self.key_of.pop(block)]
             self.evictions += 1
@@ -456,14 +496,23 @@ class ReferenceFreeQueueAllocator:
         return blocks_for(tokens, self.block_size) - held_hits
 
     # --- a sequence's life --------------------------------------------------------------------
-    def open(self, s: int, hits: list[int], tokens: int, final: int, looked_up: int) -> None:
+    def open(self, s: int, hits: list[int], tokens: int, final: int, looked_up: int, priority: int = 0) -> None:
         """Sequence ``s`` starts holding the cached ``hits`` (full blocks) and fresh blocks up
         to ``tokens`` slots (the caller checked ``free_blocks_needed``); ``looked_up`` full
-        blocks were searched in the cache."""
+        blocks were searched in the cache; ``priority``: its request's."""
         for b in hits:
-            if self.holders[b] == 0:
-                self.free_queue.remove(b)  # a hit on a free cached block revives it
+            if self.eviction != "lru":  # a use of the cached content
+                self.clock += 1
+                if self.key_of[b] not in self.policy.facts:
+                    self.policy.insert(self.key_of[b], self.clock, priority)
+                self.policy.hit(self.key_of[b], self.clock, priority)
+            if self.holders[b] == 0:  # a hit on a free cached block revives it
+                if b in self.cached_free:
+                    self.cached_free.remove(b)
+                else:
+                    self.free_queue.remove(b)
             self.holders[b] += 1
+        self.priority[s] = priority
         self.prefix_lookups += looked_up
         self.prefix_hits += len(hits)
         self.tables[s] = list(hits)
@@ -477,7 +526,7 @@ class ReferenceFreeQueueAllocator:
         or nothing; False if the queue is too short."""
         B, table = self.block_size, self.tables[s]
         need = blocks_for(tokens, B) - len(table)
-        if need > len(self.free_queue):
+        if need > self.num_free():
             return False
         for _ in range(need):
             table.append(self.take())
@@ -499,10 +548,20 @@ class ReferenceFreeQueueAllocator:
     def free(self, s: int) -> None:
         """Release every block of ``s``, last block first, to the tail of the free queue."""
         for b in reversed(self.tables.pop(s)):
+            if self.eviction != "lru" and b in self.key_of:  # recency and priority of its content
+                self.clock += 1
+                key = self.key_of[b]
+                if key in self.policy.facts:
+                    self.policy.touch(key, self.clock, self.priority[s])
+                else:
+                    self.policy.insert(key, self.clock, self.priority[s])
             self.holders[b] -= 1
             if self.holders[b] == 0:
-                self.free_queue.append(b)
-        del self.kv[s], self.final[s], self.offered[s]
+                if self.eviction != "lru" and b in self.key_of:
+                    self.cached_free.add(b)
+                else:
+                    self.free_queue.append(b)
+        del self.kv[s], self.final[s], self.offered[s], self.priority[s]
 
     # --- observation ---------------------------------------------------------------------------
     def kv_len(self, s: int) -> int:
@@ -517,15 +576,17 @@ class ReferenceFreeQueueAllocator:
             max(0, min(len(table) * B, self.final[s]) - self.kv[s])
             for s, table in self.tables.items()
         )
-        return table_memory(self.capacity, B, self.tables, self.filled, reserved, len(self.free_queue))
+        return table_memory(self.capacity, B, self.tables, self.filled, reserved, self.num_free())
 
     def check(self) -> None:
         """Raise AssertionError unless every block is accounted for exactly once."""
         check_tables(self.tables, self.holders, self.kv, self.block_size)
-        queued = list(self.free_queue)
+        queued = list(self.free_queue) + sorted(self.cached_free)
         assert len(set(queued)) == len(queued), "a block is queued twice"
         assert sorted(queued) == [b for b in range(self.num_blocks) if self.holders[b] == 0], (
             "the free queue is not exactly the blocks nobody holds"
         )
         assert all(self.cache[k] == b for b, k in self.key_of.items()), "cache and keys disagree"
         assert len(self.cache) == len(self.key_of)
+        assert all(b in self.key_of for b in self.cached_free), "an uncached block waits with the cached"
+        assert all(k in self.cache for k in self.policy.facts), "the policy remembers an evicted key"

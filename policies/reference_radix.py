@@ -28,6 +28,11 @@ Rules (one place each):
 - **Eviction.** Repeatedly, the unlocked node with no children and the smallest policy key
   goes, whole: ``lru`` (last access), ``lfu`` (hits, then last access), ``fifo``
   (creation), ``priority`` (priority, then last access); ties: the older creation number.
+  ``arc`` (kvsim's, not SGLang's): Adaptive Replacement Cache over the nodes, plainly in
+  ``policies.reference_eviction``: a node starts in T1 when created (in T2 if a ghost
+  list remembers its (end, tokens)), every later match or insertion through it moves it to
+  T2; a split's upper part copies its node's lists and times; ARC's ``c`` is the capacity
+  in pages.
 - **Duplicates.** A request that inserts tokens already cached frees its own copies of them.
 - A request computes into private slots (whole pages); after each prefill chunk its computed
   whole pages join the tree, and at its end its prompt and output do (the unaligned tail
@@ -44,6 +49,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
+from policies.reference_eviction import PlainEvictionOrder
 from policies.reference_paged import Memory
 
 EVICTION_KEYS = {
@@ -91,6 +97,7 @@ class Holding:
     computed: int
     slots: int
     final_len: int  # tokens it holds at its last step (prompt + output - 1)
+    priority: int = 0  # its request's (raises the priority of the nodes it inserts through)
 
 
 class ReferenceRadixCache:
@@ -98,8 +105,8 @@ class ReferenceRadixCache:
     the running requests' holdings. Driven by ``simulator.reference_sglang``."""
 
     def __init__(self, capacity: int, page_size: int = 1, eviction: str = "lru"):
-        if eviction not in EVICTION_KEYS:
-            raise ValueError(f"eviction policy must be one of {', '.join(EVICTION_KEYS)}, got {eviction!r}")
+        if eviction not in EVICTION_KEYS and eviction != "arc":
+            raise ValueError(f"eviction policy must be one of {', '.join(EVICTION_KEYS)}, arc, got {eviction!r}")
         self.page_size = self.block_size = page_size
         self.capacity = capacity // page_size * page_size
         self.eviction = eviction
@@ -111,6 +118,8 @@ class ReferenceRadixCache:
         self.prefix_lookups = 0  # tokens looked up by admitted requests
         self.prefix_hits = 0  # ... of which were cached
         self.evictions = 0  # tokens evicted
+        # arc: T1/T2, ghosts and the target p, kept plainly (ghost: where a node ends, its tokens)
+        self.arc = PlainEvictionOrder("arc", self.capacity // page_size, lambda n: (n.end(), n.tokens))
 
     # --- what the tree holds (recomputed on every question) -----------------------------
     def nodes(self) -> list[RadixNode]:
@@ -161,6 +170,8 @@ class ReferenceRadixCache:
         """Cut ``node`` after ``k`` tokens; the upper part is a new node, same times."""
         upper = self.new_node(node.tokens[:k], node.parent, created=node.created,
                               last_access=node.last_access, hits=node.hits, priority=node.priority)
+        if self.eviction == "arc":
+            self.arc.copy(upper, node)
         node.tokens = node.tokens[k:]
         node.parent = upper
         upper.children[self.edge(node.tokens, 0)] = node
@@ -179,6 +190,8 @@ class ReferenceRadixCache:
             child.hits += 1
             if priority is not None:
                 child.priority = max(child.priority, priority)
+            if self.eviction == "arc":
+                self.arc.hit(child, self.clock)
             node, pos = child, pos + k
         return pos, node
 
@@ -196,30 +209,37 @@ class ReferenceRadixCache:
         if pos < n:
             node = self.new_node(tuple(tokens[pos:n]), node, created=self.clock, last_access=self.clock,
                                  hits=1, priority=priority)
+            if self.eviction == "arc":
+                self.arc.insert(node, self.clock, priority, (node.end(), node.tokens))
         return pos, node
 
     def evict(self, num_tokens: int) -> int:
         """Evict unlocked childless nodes, smallest policy key first, until ``num_tokens``
         are freed or none is left; returns the tokens freed (whole nodes)."""
-        key = EVICTION_KEYS[self.eviction]
         freed = 0
         while freed < num_tokens:
             locked = self.locked()
             leaves = [n for n in self.nodes() if not n.children and id(n) not in locked]
             if not leaves:
                 break
-            victim = min(leaves, key=lambda n: (key(n), n.number))
+            if self.eviction == "arc":
+                victim = self.arc.victim(leaves)
+            else:
+                key = EVICTION_KEYS[self.eviction]
+                victim = min(leaves, key=lambda n: (key(n), n.number))
             del victim.parent.children[self.edge(victim.tokens, 0)]
             freed += len(victim.tokens)
         self.evictions += freed
         return freed
 
     # --- a request's life ---------------------------------------------------------------
-    def open(self, rid: int, tokens: Sequence[Hashable], num_tokens: int, final_len: int) -> int:
-        """A request starts computing ``tokens[:num_tokens]``: it locks its longest cached
-        prefix, at most ``num_tokens - 1`` tokens (it computes one at least). Returns the hit."""
+    def open(self, rid: int, tokens: Sequence[Hashable], num_tokens: int, final_len: int,
+             priority: int = 0) -> int:
+        """A request (of ``priority``) starts computing ``tokens[:num_tokens]``: it locks its
+        longest cached prefix, at most ``num_tokens - 1`` tokens (it computes one at least).
+        Returns the hit."""
         hit, node = self.match(tokens, num_tokens - 1)
-        self.held[rid] = Holding(tokens, node, hit, hit, 0, final_len)
+        self.held[rid] = Holding(tokens, node, hit, hit, 0, final_len, priority)
         return hit
 
     def count_lookup(self, num_tokens: int, hit: int) -> None:
@@ -253,7 +273,7 @@ class ReferenceRadixCache:
         upto = h.computed // self.page_size * self.page_size
         if upto <= h.cached:
             return
-        present, node = self.insert(h.tokens, upto)
+        present, node = self.insert(h.tokens, upto, h.priority)
         self.free_slots += present - h.cached  # duplicates
         h.slots -= upto - h.cached  # the rest are tree tokens now
         h.node, h.cached = node, upto

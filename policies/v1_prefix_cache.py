@@ -29,44 +29,84 @@ fills (a request's cached blocks from before a preemption end before the tokens 
 then, and it computes those again in prefill chunks). So runs of decode steps (macro
 steps) register nothing, as they must to stay O(events).
 
+Eviction policy (``allocator.eviction_policy``): ``lru`` (the default) is vLLM's single free
+queue above, exactly. Any other policy (``lfu``, ``fifo``, ``arc``, ``priority``: see
+``policies.eviction_order``) splits the free blocks in two
+(:class:`~policies.free_block_queue.UncachedFirstQueue`): blocks with no cached content are
+taken first, in freed order, and free cached blocks only when none is left, in the policy's
+order. The facts the policies read are kept per cached content key, on this cache's logical
+clock (one tick per hit or release of a cached block):
+
+- an entry is created the first time its block is hit or released (registration time
+  differs between this cache and the reference, which registers decode blocks as they fill;
+  hits and releases happen at the same moments in both);
+- a hit (a new request takes the cached block) is a *use*: LFU counts it, ARC moves the
+  entry to T2, the entry's priority rises to the request's ``priority``;
+- a release by any holder refreshes recency (vLLM's LRU is "freed last, evicted last") and
+  raises the priority to the holder's.
+
+Leaf-first comes from the keys, not from a check, for ``lfu`` and ``priority``: a request
+releases its blocks last-to-first, and every request that used a block used its parent
+too, so along a chain that is still reachable a parent is never less recently released,
+less used or of lower priority than its child. ``fifo`` and ``arc`` may evict a chain's
+interior; its descendants stay cached (unreachable: a lookup stops at the first miss)
+until evicted in turn, as in any chain-blind policy.
+
 Memory classes: a cached free block is free (reusable), as in the v0 cache.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterator, Sequence
+from itertools import chain
 
 from policies.block_pool import QueuedBlockPool
+from policies.eviction_order import EvictionOrder
+from policies.free_block_queue import UncachedFirstQueue
 from policies.kv_allocator import MemoryUsage
 from policies.paged_allocator import PagedAllocator
+
+
+def block_identities(keys: list[int], request_id: int, start: int, stop: int) -> Iterator[Hashable]:
+    """What blocks ``start .. stop - 1`` of a request hold: its chained key where the request
+    names its contents, else ``("u", request_id, i)``, private to it (lazy: a lookup that
+    misses early builds nothing more)."""
+    named = keys[start:stop]
+    return chain(named, (("u", request_id, i) for i in range(start + len(named), stop)))
 
 
 class V1PrefixCacheAllocator(PagedAllocator):
     """``num_blocks`` GPU blocks of ``block_size`` slots, vLLM v1's free queue and prefix
     cache; driven by :class:`simulator.scheduler_v1.SchedulerV1` (``open_seq``,
-    ``extend``, ``free``). No swapping (v1 preempts by recompute only)."""
+    ``extend``, ``free``). No swapping (v1 preempts by recompute only). ``eviction``: the
+    order free cached blocks are evicted in (module docstring)."""
 
-    def __init__(self, num_blocks: int, block_size: int):
+    def __init__(self, num_blocks: int, block_size: int, eviction: str = "lru"):
         super().__init__(num_blocks, block_size, 0, prefix_caching=True)
-        self.pool = QueuedBlockPool(num_blocks, block_size)
+        self.eviction = eviction
+        self._order: EvictionOrder | None = None  # None: vLLM's single free queue (lru)
+        if eviction == "lru":
+            self.pool = QueuedBlockPool(num_blocks, block_size)
+        else:
+            self._order = EvictionOrder(eviction, num_blocks)
+            queue = UncachedFirstQueue(range(num_blocks), self._order, self._key_of, self._cached)
+            self.pool = QueuedBlockPool(num_blocks, block_size, queue)
+        self._now = 0  # the eviction order's logical clock: one tick per hit or release of a cached block
         self._names: dict[int, tuple[list[int], int]] = {}  # seq -> (shared prefix keys, request id)
         self._named: dict[int, int] = {}  # seq -> leading blocks already named (registered or duplicate)
+        self._priority: dict[int, int] = {}  # seq -> its request's priority (read by the eviction order)
 
     # --- identities ----------------------------------------------------------------------
     def prefix_keys(self, prefix: Sequence[Hashable]) -> list[int]:
         """Chained identities of the blocks a request's shared prefix names."""
         return self._keys(prefix)
 
-    @staticmethod
-    def _identity(keys: list[int], request_id: int, i: int) -> Hashable:
-        return keys[i] if i < len(keys) else ("u", request_id, i)
-
     def lookup(self, keys: list[int], request_id: int, num_tokens: int) -> list[int]:
         """Cached blocks of the longest leading run of a request's full blocks, at most
         ``(num_tokens - 1) // block_size`` of them."""
         cached, hits = self._cached, []
-        for i in range((num_tokens - 1) // self.block_size):
-            b = cached.get(keys[i] if i < len(keys) else ("u", request_id, i))
+        for key in block_identities(keys, request_id, 0, (num_tokens - 1) // self.block_size):
+            b = cached.get(key)
             if b is None:
                 break
             hits.append(b)
@@ -77,9 +117,17 @@ class V1PrefixCacheAllocator(PagedAllocator):
         rc = self.pool.refcounts
         return sum(1 for b in blocks if rc[b])
 
-    def take_hits(self, blocks: list[int]) -> None:
-        """Hold the hit blocks (a free one leaves the queue), before fresh blocks are taken."""
-        pool = self.pool
+    def take_hits(self, blocks: list[int], priority: int = 0) -> None:
+        """Hold the hit blocks (a free one leaves the queue), before fresh blocks are taken;
+        each is a use of its cached content by a request of ``priority``."""
+        pool, order = self.pool, self._order
+        if order is not None:
+            for b in blocks:
+                self._now += 1
+                key = self._key_of[b]
+                if key not in order:
+                    order.insert(key, self._now, priority)
+                order.hit(key, self._now, priority)
         for b in blocks:
             if pool.refcount(b):
                 pool.share(b)
@@ -88,11 +136,13 @@ class V1PrefixCacheAllocator(PagedAllocator):
                 self._token_states += self.block_size  # cached blocks are full
         self.prefix_hits += len(blocks)
 
-    def name(self, seq_id: int, keys: list[int], request_id: int, hit_blocks: int, lookups: int) -> None:
+    def name(self, seq_id: int, keys: list[int], request_id: int, hit_blocks: int, lookups: int,
+             priority: int = 0) -> None:
         """Say what a newly resident sequence's blocks hold (its first ``hit_blocks`` are
         cached already; ``lookups``: full blocks it looked up, for the hit ratio)."""
         self._names[seq_id] = (keys, request_id)
         self._named[seq_id] = hit_blocks
+        self._priority[seq_id] = priority
         self.prefix_lookups += lookups
 
     def register_full(self, seq_id: int) -> None:
@@ -104,8 +154,7 @@ class V1PrefixCacheAllocator(PagedAllocator):
             return
         keys, rid = self._names[seq_id]
         table, cached, key_of = self._tables[seq_id], self._cached, self._key_of
-        for i in range(start, full):
-            key = keys[i] if i < len(keys) else ("u", rid, i)
+        for i, key in enumerate(block_identities(keys, rid, start, full), start):
             if key not in cached:
                 cached[key] = table[i]
                 key_of[table[i]] = key
@@ -141,8 +190,25 @@ class V1PrefixCacheAllocator(PagedAllocator):
 
     def free(self, seq_id: int) -> None:
         self.register_full(seq_id)
+        if self._order is not None:
+            self._note_release(seq_id)
         super().free(seq_id)
-        del self._names[seq_id], self._named[seq_id]
+        del self._names[seq_id], self._named[seq_id], self._priority[seq_id]
+
+    def _note_release(self, seq_id: int) -> None:
+        """Tell the eviction order that the sequence lets go of its cached blocks (last
+        block first, as they are released): recency and priority; the block a release
+        frees is filed as evictable by the queue."""
+        order, key_of, prio = self._order, self._key_of, self._priority[seq_id]
+        for b in reversed(self._tables[seq_id]):
+            key = key_of.get(b)
+            if key is None:
+                continue
+            self._now += 1
+            if key in order:
+                order.touch(key, self._now, prio)
+            else:
+                order.insert(key, self._now, prio)
 
     def _pending_copies(self) -> list[int]:
         """None: a hit covers whole blocks and a sequence computes at least one token past
@@ -191,3 +257,11 @@ class V1PrefixCacheAllocator(PagedAllocator):
         assert self._res_over == sum(self._over(s) for s in resident), "over-final total drifted"
         assert self.usage() == self._usage_walk()
         self.usage().check()
+        if self._order is not None:
+            self._order.check()
+            free_cached = {b for b in self._key_of if not refs[b]}
+            assert {self._cached[k] for k, e in self._order.entries.items() if e.filed} == free_cached, (
+                "the eviction order's evictable entries are not the free cached blocks")
+            assert all(k in self._cached for k in self._order.entries), "the eviction order holds an evicted key"
+            assert all(self._key_of.get(b) is None for b in self.pool.free_list.uncached), "a cached block is uncached"
+

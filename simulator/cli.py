@@ -4,12 +4,17 @@
     kvsim sweep SWEEP [--grid KEY=V1,V2 ...] run a grid of experiments (resumable)
     kvsim plot RESULTS                       draw a sweep's or a run's figures
     kvsim trace stats FILE | trace plot FILE inspect a trace
+    kvsim reproduce vllm-paper [--quick]     regenerate the PagedAttention paper's evaluation
     kvsim calibrate [...]                    measure a GPU (needs CUDA; see gpu_validation)
     kvsim calibrate --import DIR             import a public operator profile (cost_model.kind: profiled)
     kvsim validate RUN_FOLDER                replay a measured run and compare (report + figures)
 
 Every user error (bad config, bad trace row, a run that cannot progress) is one
 line on stderr and exit status 2 — never a traceback.
+
+Each option is defined once: an option several commands take (``--set``, the sweep
+executor's ``--executor``/``--address``/``--workers``/``--no-progress``) comes from one
+``_add_*`` function (tests/simulator/test_cli_options.py checks that they agree).
 """
 
 from __future__ import annotations
@@ -279,13 +284,32 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"error: {message} (see {self.prog} --help)\n")
 
 
+def _add_set_option(parser: argparse.ArgumentParser, help: str) -> None:
+    """``--set KEY=VALUE`` (repeatable): one config key overridden, parsed by
+    ``simulator.config`` as the YAML value would be. The same option for run, sweep and
+    validate; ``help`` says which configs it reaches."""
+    parser.add_argument("--set", action="append", metavar="KEY=VALUE", help=help)
+
+
+def _add_executor_options(parser: argparse.ArgumentParser) -> None:
+    """Where the runs of a sweep go (``kvsim sweep`` and ``kvsim reproduce`` share the executor,
+    so they share its options): the executor, a Ray address, the worker count, progress bars.
+    ``_check_address`` checks the one combination argparse cannot."""
+    parser.add_argument("--executor", choices=("local", "ray"), default="local",
+                        help="local process pool (default) or Ray")
+    parser.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
+    parser.add_argument("--workers", type=int, help="processes (local) or CPUs of a local Ray; default: one "
+                        "per core; 1 runs in this process")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="kvsim", description="Simulate KV-cache memory management for LLM serving.")
     sub = p.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="simulate one experiment (a YAML config)")
     run.add_argument("config", help="experiment YAML, e.g. configs/quickstart.yaml")
-    run.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a key, e.g. allocator.block_size=32")
+    _add_set_option(run, "override a key, e.g. allocator.block_size=32")
     run.add_argument("--run", help="name of the run folder (default: hash of the resolved config)")
     run.add_argument("--out", help="results folder (default: the config's output_dir, 'results')")
     run.add_argument("--no-plot", action="store_true", help="do not draw the memory timeline")
@@ -305,7 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a cartesian axis, e.g. allocator.block_size=1,2,4,8,16")
     sw.add_argument("--zip", action="append", metavar="KEY=V1,V2,...",
                     help="an axis varied together with the other --zip axes (equal lengths)")
-    sw.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a key in every run")
+    _add_set_option(sw, "override a key in every run")
     sw.add_argument("--find-rate", metavar="lo=L,hi=H[,...]",
                     help="search each grid point's sustainable rate between L and H (widened if the answer "
                     "lies outside); optional keys: key, rel_tolerance (default 0.02 of the rate), tolerance "
@@ -313,15 +337,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "max_p99_tpot_ms")
     sw.add_argument("--name", help="sweep name (results go to OUT/NAME)")
     sw.add_argument("--out", help="results folder (default: the sweep's output_dir, 'results')")
-    sw.add_argument("--executor", choices=("local", "ray"), default="local",
-                    help="local process pool (default) or Ray")
-    sw.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
-    sw.add_argument("--workers", type=int, help="processes (local) or CPUs of a local Ray; default: one per "
-                    "core; 1 runs in this process")
+    _add_executor_options(sw)
     sw.add_argument("--retry-failed", action="store_true", help="run again the configs that failed before")
     sw.add_argument("--plot-runs", action="store_true", help="draw each run's memory timeline")
     sw.add_argument("--plot", action="store_true", help="draw the sweep's figures when done (kvsim plot)")
-    sw.add_argument("--no-progress", action="store_true", help="no progress bar")
     sw.add_argument("--dry-run", action="store_true", help="validate and list the grid points; run nothing")
     sw.set_defaults(func=cmd_sweep)
 
@@ -340,10 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--quick", action="store_true", help="reduced workloads: a few minutes on 2 cores")
     rep.add_argument("--only", help="comma-separated experiments, e.g. fig2,fig13")
     rep.add_argument("--out", default="results/vllm-paper", help="results folder (default: results/vllm-paper)")
-    rep.add_argument("--executor", choices=("local", "ray"), default="local")
-    rep.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
-    rep.add_argument("--workers", type=int, help="processes (local) or CPUs of a local Ray; default: one per core")
-    rep.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _add_executor_options(rep)
     rep.set_defaults(func=cmd_reproduce)
 
     va = sub.add_parser("validate", help="replay a measured serving run and compare (report + figures)",
@@ -360,7 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "GPU and model)")
     va.add_argument("--gpu", help="catalogue GPU (default: from meta.json's device name)")
     va.add_argument("--model", help="catalogue model (default: from meta.json's model, or its recorded shape)")
-    va.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a key of every replay")
+    _add_set_option(va, "override a key of every replay")
     va.add_argument("--no-plot", action="store_true", help="no figures")
     va.add_argument("--readme-snippet", action="store_true",
                     help="print the README's 'How close to a real engine' section")

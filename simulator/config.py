@@ -239,6 +239,9 @@ class PagedAllocatorConfig(Variant):
     block_size: int = Field(16, description="tokens per block")
     watermark: float = Field(0.01, ge=0, lt=0.5, description="share of KV slots kept free at admission")
     prefix_caching: bool = False
+    eviction_policy: Literal["lru", "lfu", "fifo", "arc", "priority"] = Field(
+        "lru", description="order the prefix cache evicts cached blocks in (policies.eviction_order); "
+        "lru = the engine's own (vLLM v1's free queue, SGLang's radix LRU)")
 
     @field_validator("block_size")
     @classmethod
@@ -301,7 +304,7 @@ AllocatorConfig = Annotated[
 
 V1_ONLY_KEYS = ("long_prefill_token_threshold", "max_num_partial_prefills", "reserve_full_isl")
 """Scheduler keys only ``policy: vllm-v1`` reads."""
-SGLANG_ONLY_KEYS = ("schedule_policy", "eviction_policy", "chunked_prefill_size", "enable_mixed_chunk",
+SGLANG_ONLY_KEYS = ("schedule_policy", "chunked_prefill_size", "enable_mixed_chunk",
                     "schedule_conservativeness")
 """Scheduler keys only ``policy: sglang`` reads (see ``simulator.scheduler_sglang``)."""
 
@@ -357,8 +360,6 @@ class SGLangSchedulerConfig(_SchedulerLimits):
 
     policy: Literal["sglang"] = "sglang"
     schedule_policy: Literal["lpm", "dfs-weight", "fcfs"] = Field("lpm", description="waiting-queue order")
-    eviction_policy: Literal["lru", "lfu", "fifo", "priority"] = Field("lru", description="radix cache eviction "
-                                                                       "order")
     chunked_prefill_size: int | None = Field(8192, ge=1, description="most prompt tokens per step in chunks; "
                                              "null = no chunking (SGLang's default depends on GPU memory)")
     enable_mixed_chunk: bool = Field(False, description="running requests decode in prefill steps")
@@ -497,6 +498,7 @@ RENAMED = {
     ("model", "shape", "max_seq_len"): "model.shape.context_len_tokens",
     ("allocator", "max_seq_len"): "allocator.reserve_tokens",
     ("scheduler", "macro_steps"): "engine.macro_steps",
+    ("scheduler", "eviction_policy"): "allocator.eviction_policy",
 }
 """Keys of earlier configs and their new names (same value, same unit): the ``_gb`` keys
 always held GiB, and the two ``max_seq_len`` keys meant different things."""
@@ -681,6 +683,22 @@ class ExperimentConfig(Strict):
             raise ValueError(f"scheduler.chunked_prefill_size ({chunk}) is below the page size "
                              f"allocator.block_size ({a.block_size}) {why}: chunks are cut to whole pages, so a "
                              "chunked prompt would never advance (raise it, or null to never chunk)")
+        return self
+
+    @model_validator(mode="after")
+    def _check_eviction(self) -> ExperimentConfig:
+        """An eviction policy other than the default needs a prefix cache that evicts by it
+        (every scheduler policy's cache does, vllm-v0's by all but ``priority``)."""
+        a = self.allocator
+        policy = getattr(a, "eviction_policy", "lru")
+        if policy == "lru":
+            return self
+        if not a.prefix_caching:
+            raise ValueError(f"allocator.eviction_policy {policy!r} needs a prefix cache: set "
+                             "allocator.prefix_caching true (or remove the key)")
+        if self.scheduler.policy == "vllm-v0" and policy == "priority":
+            raise ValueError("allocator.eviction_policy 'priority' is not modelled with scheduler.policy vllm-v0 "
+                             "(its allocator is not told request priorities): use lru, lfu, fifo or arc")
         return self
 
     @model_validator(mode="after")

@@ -8,13 +8,13 @@ Each replica's engine is a process that reads like the loop it simulates::
         yield env.timeout(seconds)           # wait while they compute it
         scheduler.complete(step, now)        # every sequence gains a token
 
-When a replica has nothing to do it sleeps until the router wakes it. The speed
-lives behind two calls to the replica's fast path (``simulator.fast_path``, DESIGN.md
-"Performance principle"): ``plan`` extends a decode step with the identical
-iterations certain to follow it, and ``apply`` advances them in closed form and
-writes the step table's row. When no other event comes before a step ends, the
-engine does not yield at all: it completes the step and goes on (SimPy would run
-nothing in between), so its clock ``now`` may run ahead of SimPy's.
+When a replica has nothing to do it sleeps until an arrival routed to it (or the end of
+the trace) wakes it. The speed lives behind two calls to the replica's fast path
+(``simulator.fast_path``, DESIGN.md "Performance principle"): ``plan`` extends a decode
+step with the identical iterations certain to follow it, and ``apply`` advances them in
+closed form and writes the step table's row. When no other event comes before a step
+ends, the engine does not yield at all: it completes the step and goes on (SimPy would
+run nothing in between), so its clock ``now`` may run ahead of SimPy's.
 """
 
 from __future__ import annotations
@@ -183,8 +183,8 @@ class Simulation:
 
     def _idle(self, replica: Replica, now: float) -> Generator[simpy.Event, None, float | None]:
         """Nothing to run: catch SimPy up with the replica's clock ``now`` (s), or sleep
-        until the router wakes the replica. Returns the replica's clock afterwards; None
-        when no work will ever come (the engine ends)."""
+        until an arrival (or the end of the trace) wakes the replica. Returns the
+        replica's clock afterwards; None when no work will ever come (the engine ends)."""
         env, sched = self.env, replica.scheduler
         if sched.has_work and not sched.running:
             raise SimulationStalled(self._stall_message(replica))

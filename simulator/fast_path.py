@@ -33,18 +33,23 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from policies.kv_allocator import RunWeights
 from simulator.cost_model.base import CostModel
 from simulator.memory_classes import split_free
-from simulator.step_log import StepLog, StepRow
+from simulator.step_log import StepLog, step_row
 
 if TYPE_CHECKING:  # the schedulers import nothing from here; only their types are named
     from simulator.scheduler import Scheduler, Step
     from simulator.scheduler_v1 import SchedulerV1
 
 INF = float("inf")
+
+_new = tuple.__new__
+"""``_new(Run, fields)``: a named tuple from a tuple of its fields. Every engine step builds a
+:class:`Run` and a :class:`RunEnd`; this C call costs half their generated ``__new__`` and
+about two thirds of a slotted dataclass's ``__init__`` (timeit, issue 17)."""
 
 
 class ReplicaView(Protocol):
@@ -63,9 +68,9 @@ class Lookahead:
     edges: tuple[float, ...] = ()  # an explicit measurement window's edges (s), sorted: no row straddles one
 
 
-@dataclass(slots=True)
-class Run:
-    """A scheduled step and the identical decode iterations planned to follow it."""
+class Run(NamedTuple):
+    """A scheduled step and the identical decode iterations planned to follow it. A value
+    (a named tuple: the engine builds one per step, and ``apply`` unpacks it at once)."""
 
     step: Step
     start: float  # when the step starts (s)
@@ -75,10 +80,9 @@ class Run:
     edge: float  # the first explicit window edge after ``start`` (s; INF: none)
 
 
-@dataclass(slots=True)
-class RunEnd:
+class RunEnd(NamedTuple):
     """Where an applied run leaves the engine: it waits until ``end`` (s), then completes
-    what is still due there.
+    what is still due there. A value, like :class:`Run`.
 
     ``step``: the scheduled step, when it is still to complete (None: it was completed on
     the way, at its own end). ``rest``: the run's iterations still to complete (None: none).
@@ -90,10 +94,11 @@ class RunEnd:
 
     def complete(self, scheduler: Scheduler | SchedulerV1, now: float) -> None:
         """Hand the scheduler what ended at ``now``: every sequence in it gained its tokens."""
-        if self.step is not None:
-            scheduler.complete(self.step, now, run=self.rest)
-        elif self.rest is not None:
-            scheduler.complete_run(self.rest, now)
+        _, step, rest = self
+        if step is not None:
+            scheduler.complete(step, now, run=rest)
+        elif rest is not None:
+            scheduler.complete_run(rest, now)
 
 
 def plan_weights(cost: CostModel, n: int, c0: int, extra: int, first_end: float, cut: float) -> RunWeights | None:
@@ -138,10 +143,14 @@ class FastPath:
     the two (the engine holds the replica's host link meanwhile).
     ``state``: a row's queue lengths and memory classes, from the replica and its memory
     (:func:`row_state`; the engine passes its own hook for it).
+
+    Every engine step runs ``plan`` and ``apply`` once, so they are written for speed
+    (``make bench``): the allocator's ``usage`` and the log's ``append`` are bound once,
+    records are built as tuples (``_new``, ``step_row``) and unpacked at once.
     """
 
     __slots__ = ("replica", "index", "scheduler", "cost", "steps", "lookahead", "macro_steps", "max_run",
-                 "overlap_swap", "state")
+                 "overlap_swap", "state", "_usage", "_append")
 
     def __init__(self, replica: ReplicaView, cost: CostModel, steps: StepLog, lookahead: Lookahead,
                  macro_steps: bool = True, max_run: int = 1024, overlap_swap: bool = False,
@@ -156,6 +165,8 @@ class FastPath:
         self.max_run = max_run
         self.overlap_swap = overlap_swap
         self.state = state
+        self._usage = replica.scheduler.alloc.usage  # memory by class now (MemoryUsage, slots)
+        self._append = steps.append
 
     # --- the two calls ----------------------------------------------------------------
     def plan(self, step: Step, start: float, compute_s: float, swap_s: float) -> Run:
@@ -164,28 +175,28 @@ class FastPath:
         sched = self.scheduler
         extra = sched.run_length(step, self.max_run) if self.macro_steps else 0
         if not extra:
-            return Run(step, start, compute_s, swap_s, None, INF)
+            return _new(Run, (step, start, compute_s, swap_s, None, INF))
         look = self.lookahead
         edge = next((e for e in look.edges if e > start), INF) if look.edges else INF
         # With nothing waiting, an arrival may be admitted at the next step boundary.
         cut = edge if sched.waiting else min(edge, look.next_arrival)
         shape = step.shape
         weights = plan_weights(self.cost, shape.decode_seqs, shape.decode_context, extra, start + compute_s, cut)
-        return Run(step, start, compute_s, swap_s, weights, edge)
+        return _new(Run, (step, start, compute_s, swap_s, weights, edge))
 
     def apply(self, run: Run) -> RunEnd:
         """Write ``run``'s row and advance its iterations; returns where the engine waits
         and what it completes there."""
-        if run.weights is not None:
+        step, start, compute, swap, weights, _ = run
+        if weights is not None:
             return self._advance(run)
         # A step alone. Rows are written as steps start (memory as the step starts), so
         # they stay in time order across replicas.
-        step, start, compute, swap = run.step, run.start, run.compute_s, run.swap_s
-        u = self.scheduler.alloc.usage()
+        u = self._usage()
         duration = max(compute, swap) if swap and self.overlap_swap else compute + swap
         self._record(step, start, duration, 1, step.shape.decode_seqs, step.num_groups, u.token_states,
                      u.reserved, u.internal_frag, u.free, u.unshared or (u.capacity - u.free), swap)
-        return RunEnd(start + (compute + swap), step, None)  # as SimPy adds a timeout's delay
+        return _new(RunEnd, (start + (compute + swap), step, None))  # as SimPy adds a timeout's delay
 
     # --- a run, and past finishes while no admission can follow them -------------------
     def _advance(self, r: Run) -> RunEnd:
@@ -198,9 +209,9 @@ class FastPath:
         """
         sched, cost, look = self.scheduler, self.cost, self.lookahead
         alloc = sched.alloc
-        step, start, d0, run, edge = r.step, r.start, r.compute_s, r.weights, r.edge
+        step, start, d0, _, run, edge = r
         due: Step | None = step  # still to complete
-        u = alloc.usage()
+        u = self._usage()
         groups = step.num_groups
         # Duration-weighted sums: seconds, group-seconds and slot-seconds by class.
         seconds, group_s = d0, groups * d0
@@ -233,19 +244,19 @@ class FastPath:
             run = plan_weights(cost, n, c0, k, t, cut) if k else None
             if run is None:
                 break
-            u, groups = alloc.usage(), len(sched.running)
+            u, groups = self._usage(), len(sched.running)
         self._record(step, start, seconds, iterations, tokens, group_s / seconds, token_s / seconds,
                      reserved_s / seconds, internal_s / seconds, free_s / seconds, unshared_s / seconds)
-        return RunEnd(t, due, run)
+        return _new(RunEnd, (t, due, run))
 
     # --- rows ---------------------------------------------------------------------------
     def _record(self, step: Step, start: float, duration: float, iterations: int, decode_tokens: int,
                 groups: float, token_states: float, reserved: float, internal_frag: float, free: float,
                 unshared: float, swap_s: float = 0.0) -> None:
         """One row: ``step``'s counters, the queues now, and memory (slots) split by class."""
-        self.steps.append(StepRow(
+        self._append(step_row((
             self.index, start, duration, iterations, step.shape.prefill_tokens, step.recompute_tokens,
             step.cached_tokens, decode_tokens, groups, step.preempted_swap, step.preempted_recompute,
             step.aborted, step.swap_out_blocks, step.swap_in_blocks, step.swap_out_slots, step.swap_in_slots,
-            swap_s, step.cow_copies, *self.state(self.replica, token_states, reserved, internal_frag, free, unshared),
-        ))
+            swap_s, step.cow_copies,
+        ) + self.state(self.replica, token_states, reserved, internal_frag, free, unshared)))

@@ -199,7 +199,6 @@ class Rules:
     max_num_partial_prefills: int | None = None  # v1: most requests left mid-prefill by a step
     reserve_full_isl: bool = True  # v1: admit only if blocks for the whole sequence are free
     schedule_policy: str = "lpm"  # sglang: waiting-queue order (simulator.reference_sglang)
-    eviction_policy: str = "lru"  # sglang: radix cache eviction order
     chunked_prefill_size: int | None = 8192  # sglang: prompt tokens per step in chunks
     enable_mixed_chunk: bool = False  # sglang: running requests decode in prefill steps
     schedule_conservativeness: float = 1.0  # sglang: scales the initial new_token_ratio
@@ -611,7 +610,7 @@ class ReferenceV1Replica(ReferenceReplica):
             self.blocked = "no space"
             return False
         self.waiting.popleft()
-        alloc.open(g.seq, hits, hit + n, g.final_len(g.seq), looked_up)
+        alloc.open(g.seq, hits, hit + n, g.final_len(g.seq), looked_up, g.request.priority)
         g.num_computed = hit
         g.catch_up_to = g.num_tokens
         g.cached_tokens = hit
@@ -813,15 +812,17 @@ def make_reference_allocator(
         from policies.reference_radix import ReferenceRadixCache
 
         B = a.block_size
-        return ReferenceRadixCache(slots // B * B, B, cfg.scheduler.eviction_policy)
+        return ReferenceRadixCache(slots // B * B, B, a.eviction_policy)
     if cfg.scheduler.policy == "vllm-v1":  # the config admits only paged memory here
         return ReferenceFreeQueueAllocator(
-            slots // a.block_size, a.block_size, prefix_caching=a.prefix_caching
+            slots // a.block_size, a.block_size, prefix_caching=a.prefix_caching,
+            eviction=a.eviction_policy,
         )
     swap = swap_slots(cfg.hardware.swap_space_gib, cfg.hardware.tensor_parallel, cfg.model.spec)
     if a.kind == "paged":
         B = a.block_size
-        return ReferencePagedAllocator(slots // B, B, swap // B, prefix_caching=a.prefix_caching)
+        return ReferencePagedAllocator(slots // B, B, swap // B, prefix_caching=a.prefix_caching,
+                                       eviction=a.eviction_policy)
     placement, reservation = (
         REFERENCE_PRESETS[a.preset][:2] if a.preset else (a.placement, a.reservation)
     )

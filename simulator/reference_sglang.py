@@ -194,7 +194,8 @@ class ReferenceSGLangReplica(ReferenceReplica):
                 self.blocked = "limits"
                 break
             T = g.tokens_to_compute
-            hit = alloc.open(g.seq, g.tokens, T, g.request.prompt_tokens + g.request.output_tokens - 1)
+            hit = alloc.open(g.seq, g.tokens, T, g.request.prompt_tokens + g.request.output_tokens - 1,
+                             g.request.priority)
             uncached = T - hit
             n = chunk_of(uncached)
             slots = alloc.slots_to_extend(g.seq, n)

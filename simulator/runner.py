@@ -61,10 +61,11 @@ def make_allocator_factory(cfg: ExperimentConfig) -> Callable[[], KVAllocator]:
     if a.kind == "paged":
         B = a.block_size
         if cfg.scheduler.policy == "vllm-v1" and a.prefix_caching:  # vLLM v1's free queue and cache
-            return lambda: V1PrefixCacheAllocator(slots // B, B)
+            return lambda: V1PrefixCacheAllocator(slots // B, B, a.eviction_policy)
         if cfg.scheduler.policy == "sglang":  # SGLang's radix cache, pages of block_size tokens
-            return lambda: RadixCacheAllocator(slots // B * B, B, cfg.scheduler.eviction_policy)
-        return lambda: PagedAllocator(slots // B, B, swap // B, prefix_caching=a.prefix_caching)
+            return lambda: RadixCacheAllocator(slots // B * B, B, a.eviction_policy)
+        return lambda: PagedAllocator(slots // B, B, swap // B, prefix_caching=a.prefix_caching,
+                                      eviction=a.eviction_policy)
     placement, reservation, _ = allocator_settings(cfg)
     max_len = a.reserve_tokens or cfg.model.context_len
     return lambda: ContiguousAllocator(slots, placement, reservation, max_len, swap)

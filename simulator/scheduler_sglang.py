@@ -95,7 +95,6 @@ class SGLangSettings(SchedulerSettings):
 
     policy: str = "sglang"
     schedule_policy: str = "lpm"
-    eviction_policy: str = "lru"  # read by the allocator's factory
     chunked_prefill_size: int | None = 8192  # tokens; None: prompts are never chunked
     enable_mixed_chunk: bool = False
     schedule_conservativeness: float = 1.0
@@ -295,7 +294,7 @@ class SchedulerSGLang:
             # Lock its cached prefix first: locked tokens are no longer evictable, so the
             # memory left shrinks by the part of the hit no running request held (SGLang
             # checks again under ``_lock_node`` for the same reason).
-            hit = alloc.open(s, tokens, T, self._final_len(g))
+            hit = alloc.open(s, tokens, T, self._final_len(g), g.request.priority)
             extend = T - hit
             clipped = min(g.request.output_tokens - g.gen_base, CLIP_MAX_NEW_TOKENS)
             n = extend if rem_chunk is None or extend <= rem_chunk else rem_chunk // P * P

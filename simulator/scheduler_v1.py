@@ -242,10 +242,10 @@ class SchedulerV1:
             waiting.popleft()
             s = g.seq_ids[0]
             if cache is not None:
-                cache.take_hits(hits)
+                cache.take_hits(hits, g.request.priority)
             alloc.open_seq(s, hits, hit + n, g.final_len(s))
             if cache is not None:
-                cache.name(s, g.prefix, g.request.request_id, len(hits), (T - 1) // B)
+                cache.name(s, g.prefix, g.request.request_id, len(hits), (T - 1) // B, g.request.priority)
             g.prompt_len = T
             g.cached_tokens = hit
             step.cached_tokens += hit

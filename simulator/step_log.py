@@ -23,7 +23,9 @@ Memory classes and batch sizes are averaged over a *measurement window*:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from itertools import chain
 from typing import NamedTuple
 
@@ -40,9 +42,10 @@ class StepRow(NamedTuple):
     token slots at the step's start (a run's: their duration-weighted means). The
     table's columns are these fields, in this order (``STEP_COLUMNS``).
 
-    A named tuple rather than a slotted dataclass: as fast to build, and a block of
-    rows converts to numpy in one call with no per-row attribute reads (``make bench``
-    measured the dataclass at +0.5 µs a row, 2-4% of the engine's time).
+    A named tuple rather than a slotted dataclass: a block of rows converts to numpy in
+    one call with no per-row attribute reads (``make bench`` measured the dataclass at
+    +0.5 µs a row, 2-4% of the engine's time). The engine's hot path builds rows with
+    :func:`step_row`, not ``StepRow(...)``.
     """
 
     replica: int
@@ -75,6 +78,12 @@ class StepRow(NamedTuple):
 
 
 STEP_COLUMNS = StepRow._fields
+
+step_row: Callable[[tuple], StepRow] = partial(tuple.__new__, StepRow)
+"""``step_row(values)``: a :class:`StepRow` from a tuple of its fields in ``STEP_COLUMNS``
+order. ``StepRow(...)`` goes through the named tuple's generated ``__new__``, a Python
+function of 27 arguments: about three times the cost of this C call (timeit, issue 17:
+~1.4 µs against ~0.5 µs a row)."""
 FLOAT_COLUMNS = ("start_s", "duration_s", "batched_requests", "swap_s", "unshared_slots") + CLASSES
 COUNTERS = ("iterations", "prefill_tokens", "recompute_tokens", "cached_tokens", "decode_tokens",
             "preempted_swap", "preempted_recompute", "aborted", "swap_out_slots", "swap_in_slots", "swap_s",
@@ -266,4 +275,7 @@ def _as_block(rows: list[StepRow]) -> np.ndarray:
     """Rows as a float64 array of shape (len(rows), len(STEP_COLUMNS))."""
     # One pass over the flattened values: faster than np.array on a list of tuples.
     width = len(STEP_COLUMNS)
+    if sum(map(len, rows)) != len(rows) * width:  # step_row checks no length: a short or long row
+        bad = next(r for r in rows if len(r) != width)  # would shift every column after it
+        raise ValueError(f"step row of {len(bad)} values, expected {width} (STEP_COLUMNS): {tuple(bad)!r}")
     return np.fromiter(chain.from_iterable(rows), float, len(rows) * width).reshape(len(rows), width)

@@ -27,6 +27,9 @@ class Request:
     #: the prompt's token ids (``prompt_tokens`` of them), when the trace records them: prefix-cache
     #: block identities then come from the tokens themselves, exact at any block size
     token_ids: tuple[int, ...] | None = None
+    #: scheduling priority (larger = more important); the prefix caches' ``priority`` eviction
+    #: policy evicts what only low-priority requests used first (SGLang's and TensorRT-LLM's rule)
+    priority: int = 0
 
     @property
     def num_seqs(self) -> int:

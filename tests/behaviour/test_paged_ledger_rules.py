@@ -20,7 +20,7 @@ import pytest
 from policies.block_pool import OutOfBlocks
 from policies.kv_allocator import Admission, MemoryUsage, RunWeights
 from policies.paged_allocator import PagedAllocator
-from policies.v1_prefix_cache import V1PrefixCacheAllocator
+from policies.v1_prefix_cache import V1PrefixCacheAllocator, block_identities
 
 B = 4  # block size (slots) in every scenario here
 
@@ -198,10 +198,10 @@ def test_extend_all_counts_a_crossing_chunk_block_once():
 
 def test_v1_identity_of_a_block():
     """Shared-prefix blocks use the prefix's keys, every other full block is the request's own."""
-    ident = V1PrefixCacheAllocator._identity
-    assert ident([7, 8], 3, 1) == 8
-    assert ident([7, 8], 3, 2) == ("u", 3, 2)
-    assert ident([], 5, 0) == ("u", 5, 0)
+    assert list(block_identities([7, 8], 3, 1, 4)) == [8, ("u", 3, 2), ("u", 3, 3)]
+    assert list(block_identities([7, 8], 3, 0, 1)) == [7]
+    assert list(block_identities([], 5, 0, 1)) == [("u", 5, 0)]
+    assert list(block_identities([7], 5, 3, 3)) == []
 
 
 def test_v1_a_duplicate_stays_uncached_after_the_first_copy_is_evicted():

@@ -4,7 +4,7 @@ invariant, and a model whose context is one token is a valid model."""
 
 import pytest
 
-from policies.block_pool import BlockPool, OutOfBlocks
+from policies.block_pool import BlockPool, OutOfBlocks, QueuedBlockPool
 from policies.reservation import reservation_slots
 
 
@@ -21,8 +21,9 @@ def test_pool_rejects_impossible_sizes_with_the_value(args, message):
         BlockPool(*args)
 
 
-def test_pool_errors_say_what_ran_out_or_was_misused():
-    pool = BlockPool(2, 4)
+@pytest.mark.parametrize("pool_type", [BlockPool, QueuedBlockPool])
+def test_pool_errors_say_what_ran_out_or_was_misused(pool_type):
+    pool = pool_type(2, 4)
     with pytest.raises(OutOfBlocks, match="asked for 3 blocks, 2 free"):
         pool.allocate_many(3)
     a, b = pool.allocate_many(2)

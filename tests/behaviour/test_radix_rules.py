@@ -306,7 +306,7 @@ def test_bad_tree_settings_say_what_is_allowed():
     assert str(err.value) == "page_size must be >= 1, got 0"
     with pytest.raises(ValueError) as err:
         RadixTree(eviction="mru")
-    assert str(err.value) == "eviction policy must be one of lru, lfu, fifo, priority, got 'mru'"
+    assert str(err.value) == "eviction policy must be one of lru, lfu, fifo, arc, priority, got 'mru'"
 
 
 def test_unlocking_more_often_than_locking_is_an_error():

@@ -190,6 +190,40 @@ def test_each_eviction_policy_evicts_in_its_order(policy, order):
     assert seen == order and t.total == 0
 
 
+def test_arc_evicts_once_used_leaves_first_and_adapts_on_a_ghost_hit():
+    """Leaf A=(1,) inserted at time 1 and matched at 2 (a second use: T2); B=(2,), C=(3,)
+    inserted at 3 and 4 (T1). LRU would evict A first (last access 2). ARC (p = 0, |T1| = 2
+    > p) evicts T1's least recent, B, and remembers it by (end 1, tokens (2,)) in B1.
+    B inserted again at 5 is a ghost hit: p = max(1, |B2| // |B1|) = 1 and B starts in T2.
+    Then |T1| = 1 (C) is not > p, so T2's least recent goes: A (2 < 5); then B (T2, 5; T1
+    still not above p), then C."""
+    lru = RadixTree(eviction="lru")
+    t = RadixTree(eviction="arc", capacity_pages=8)
+    for tree in (lru, t):
+        tree.insert((1,))
+        tree.match((1,))
+        tree.insert((2,))
+        tree.insert((3,))
+    before = lru.sequences()
+    lru.evict(1)
+    assert before - lru.sequences() == {(1,)}
+    seen = []
+
+    def evict_one() -> None:
+        before = t.sequences()
+        assert t.evict(1) == 1
+        seen.extend(before - t.sequences())
+        t.check()
+
+    evict_one()
+    assert seen == [(2,)] and t._arc.p == 0 and list(t._arc.ghosts[1]) == [(1, (2,))]
+    t.insert((2,))
+    assert t._arc.p == 1 and t._arc.entries[t.root.children[2]].arc_list == 2
+    for _ in range(3):
+        evict_one()
+    assert seen == [(2,), (1,), (2,), (3,)] and t.total == 0
+
+
 def test_locked_paths_stay_and_a_parent_joins_the_heap_when_its_last_child_goes():
     t = RadixTree()
     _, ab = t.insert((1, 2))

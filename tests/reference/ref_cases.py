@@ -269,7 +269,6 @@ def sglang_configs(draw) -> dict:
     cfg["scheduler"] = {
         "policy": "sglang",
         "schedule_policy": draw(st.sampled_from(["lpm", "lpm", "dfs-weight", "fcfs"])),
-        "eviction_policy": draw(st.sampled_from(["lru", "lfu", "fifo", "priority"])),
         # (a chunk below the page size is a config error: chunks are cut to whole pages)
         "chunked_prefill_size": draw(st.sampled_from([c for c in [None, 16, 50, 64, 128, 8192]
                                                       if c is None or c >= page])),
@@ -280,6 +279,7 @@ def sglang_configs(draw) -> dict:
         "max_num_batched_tokens": max(draw(st.sampled_from([64, 200, 1024, 16384])), max_num_seqs),
         "router": draw(st.sampled_from(["round_robin", "least_outstanding_tokens"])),
     }
+    cfg["allocator"]["eviction_policy"] = draw(st.sampled_from(["lru", "lfu", "fifo", "arc", "priority"]))
     return draw_replicas_window_seed(draw, cfg)
 
 

@@ -21,6 +21,7 @@ REFERENCE = (
     "policies/reference_contiguous.py",
     "simulator/reference_sglang.py",
     "policies/reference_radix.py",
+    "policies/reference_eviction.py",
 )
 #: The fast path's machinery: clocks, buckets, lazy tables, closed forms, folded logs.
 FAST = (
@@ -42,6 +43,8 @@ FAST = (
     "policies.reservation",
     "policies.radix_cache",
     "policies.v1_prefix_cache",
+    "policies.eviction_order",
+    "policies.free_block_queue",
 )
 
 
@@ -108,8 +111,8 @@ def test_an_sglang_config_runs_under_the_reference_sglang_rules():
         "model": {"name": "llama-2-7b"}, "hardware": {"gpu": "a100-80gb", "kv_cache_gib": 1},
         "workload": {"num_requests": 1, "arrivals": {"kind": "poisson", "rate": 1.0},
                      "lengths": {"kind": "fixed", "prompt_tokens": 8, "output_tokens": 4}},
-        "allocator": {"block_size": 16},
-        "scheduler": {"policy": "sglang", "eviction_policy": "lfu", "schedule_policy": "fcfs"}})
+        "allocator": {"block_size": 16, "eviction_policy": "lfu"},
+        "scheduler": {"policy": "sglang", "schedule_policy": "fcfs"}})
     replica = ReferenceSimulation(cfg, []).replicas[0]
     assert type(replica) is ReferenceSGLangReplica
     assert isinstance(replica.alloc, ReferenceRadixCache)

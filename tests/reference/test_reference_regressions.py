@@ -320,7 +320,7 @@ def test_v1_recompute_tokens_are_counted_chunk_by_chunk():
         (
             "allocator.block_size=16",
             "scheduler.schedule_policy=dfs-weight",
-            "scheduler.eviction_policy=lfu",
+            "allocator.eviction_policy=lfu",
             "scheduler.enable_mixed_chunk=true",
             "scheduler.chunked_prefill_size=2048",
         ),

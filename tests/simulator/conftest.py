@@ -1,9 +1,17 @@
+"""Fixtures for the simulator tests; also makes this folder's helper module
+(``scheduler_cases``) importable by its tests, as tests/reference/conftest.py does."""
+
+import sys
+from pathlib import Path
+
 import pytest
 
 from policies.paged_allocator import PagedAllocator
 from simulator.cost_model import GPUS, MODELS, RooflineCostModel
 from simulator.engine import Simulation
 from simulator.scheduler import SchedulerSettings
+
+sys.path.insert(0, str(Path(__file__).parent))
 
 
 def _simulate(requests, num_blocks=64, block_size=16, swap_blocks=0, allocator=None, **limits):

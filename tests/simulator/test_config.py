@@ -263,6 +263,7 @@ OLD_KEYS = {  # each renamed key as an old config wrote it, and its line in GOOD
     ("model", "shape", "max_seq_len"): ("model:\n  shape:\n    max_seq_len: 2048\n", 3),
     ("allocator", "max_seq_len"): ("allocator:\n  kind: contiguous\n  max_seq_len: 2048\n", 3),
     ("scheduler", "macro_steps"): ("scheduler:\n  macro_steps: false\n", 2),
+    ("scheduler", "eviction_policy"): ("scheduler:\n  policy: sglang\n  eviction_policy: lfu\n", 3),
 }
 
 

@@ -8,15 +8,21 @@ then ``complete(step, t + 1)``. Block size 4 throughout, so block counts stay sm
 
 import copy
 
-import numpy as np
 import pytest
-import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from scheduler_cases import (
+    assert_round_trips,
+    assert_same_requests,
+    config,
+    config_error,
+    ids,
+    step,
+)
 
 from policies.paged_allocator import PagedAllocator
 from policies.v1_prefix_cache import V1PrefixCacheAllocator
-from simulator.config import ConfigError, load_config
+from simulator.config import load_config
 from simulator.cost_model import GPUS, MODELS, RooflineCostModel
 from simulator.cost_model.base import causal_attention_pairs
 from simulator.engine import Simulation
@@ -36,19 +42,6 @@ def make(num_blocks=100, caching=False, **limits):
     ended = []
     s = SchedulerV1(alloc, SchedulerSettings(max_seq_len=1024, watermark=0, policy="vllm-v1", **limits), ended.append)
     return s, ended
-
-
-def step(s, t):
-    """One step from ``t`` to ``t + 1`` s; the allocator's books are checked after it."""
-    st_ = s.schedule(float(t))
-    if not st_.empty:
-        s.complete(st_, float(t + 1))
-    s.alloc.check()
-    return st_
-
-
-def ids(groups):
-    return [g.request.request_id for g in groups]
 
 
 def test_budget_splits_a_long_prompt_into_chunks_mixed_with_decodes():
@@ -245,32 +238,6 @@ def test_the_lockstep_step_equals_the_request_by_request_step(lengths, caching, 
 
 
 # --- config --------------------------------------------------------------------------
-CONFIG = """\
-name: t
-model: {{name: llama-2-7b}}
-hardware: {{gpu: a100-80gb}}
-workload:
-  arrivals: {{kind: poisson, rate: 20.0}}
-  lengths: {{kind: uniform, prompt_min: 10, prompt_max: 600, output_min: 1, output_max: 300}}
-  num_requests: 60
-{extra}
-"""
-
-
-def config(tmp_path, extra):
-    p = tmp_path / "c.yaml"
-    p.write_text(CONFIG.format(extra=extra))
-    return p
-
-
-def config_error(tmp_path, extra):
-    with pytest.raises(ConfigError) as e:
-        load_config(config(tmp_path, extra))
-    message = str(e.value)
-    assert "\n" not in message
-    return message
-
-
 @pytest.mark.parametrize("extra, key", [
     ("scheduler: {long_prefill_token_threshold: 64}", "long_prefill_token_threshold"),
     ("scheduler: {max_num_partial_prefills: 2}", "max_num_partial_prefills"),
@@ -291,9 +258,8 @@ def test_config_errors_are_one_line_naming_the_key(tmp_path, extra, key):
 
 @pytest.mark.parametrize("key", ["n", "beam_width"])
 def test_samples_or_beams_in_the_config_are_an_error_under_v1(tmp_path, key):
-    with pytest.raises(ConfigError) as e:
-        load_config(config(tmp_path, "scheduler: {policy: vllm-v1}"), [f"workload.{key}=2"])
-    assert f"workload.{key} (2)" in str(e.value) and "one sequence per request" in str(e.value)
+    message = config_error(tmp_path, "scheduler: {policy: vllm-v1}", [f"workload.{key}=2"])
+    assert f"workload.{key} (2)" in message and "one sequence per request" in message
 
 
 def test_v1_config_defaults_and_round_trip(tmp_path):
@@ -303,10 +269,7 @@ def test_v1_config_defaults_and_round_trip(tmp_path):
     assert cfg.allocator.watermark == 0 and cfg.preemption.mode == "recompute"
     assert cfg.max_num_batched_tokens == 2048  # v1 chunks prompts: vLLM's budget, not the context (4096)
     assert cfg.scheduler.reserve_full_isl is True and cfg.scheduler.max_num_partial_prefills is None
-    p = tmp_path / "resolved.yaml"
-    p.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
-    again, _ = load_config(p)
-    assert again == cfg
+    assert_round_trips(cfg, tmp_path)
     v0, _ = load_config(config(tmp_path, ""))
     assert v0.scheduler.policy == "vllm-v0" and v0.allocator.watermark == 0.01 and v0.preemption.mode == "auto"
     assert v0.max_num_batched_tokens == 4096
@@ -351,11 +314,8 @@ def test_macro_steps_equal_single_steps_under_v1(reqs, caching, budget, max_seqs
               max_num_partial_prefills=partial, reserve_full_isl=reserve)
     one, t_one, s_one = simulate(reqs, caching, False, **kw)
     many, t_many, s_many = simulate(reqs, caching, True, **kw)
-    for col in ("status", "generated_tokens", "preemptions", "recomputed_tokens", "cached_prompt_tokens"):
-        assert one[col].tolist() == many[col].tolist(), col
-    for col in ("scheduled_s", "first_token_s", "finish_s"):
-        np.testing.assert_allclose(one[col].to_numpy(float), many[col].to_numpy(float), rtol=1e-9, atol=1e-9,
-                                   err_msg=col)
+    assert_same_requests(one, many, ("status", "generated_tokens", "preemptions", "recomputed_tokens",
+                                     "cached_prompt_tokens"))
     assert s_one.itl.count == s_many.itl.count
     assert s_many.itl.total == pytest.approx(s_one.itl.total, rel=1e-9, abs=1e-12)
     assert getattr(s_one.alloc, "evictions", 0) == getattr(s_many.alloc, "evictions", 0)
