@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 KVSIM := $(VENV)/bin/kvsim
 
-.PHONY: run test lint bench notebooks clean
+.PHONY: run test lint bench notebooks clean wheel-check
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,10 +29,22 @@ test: $(VENV)/.dev
 
 # Mutation testing, not part of `make test` (hours for the whole core on 2 cores; results
 # are cached in mutants/, so a rerun checks only mutants of changed functions). One module:
-# `make mutate MUTANTS='policies.block_pool*'`. See mutation/README.md.
+# `make mutate MUTANTS='kvsim.policies.block_pool*'`. See mutation/README.md.
 .PHONY: mutate
 mutate: $(VENV)/.dev
 	$(PY) mutation/run.py $(MUTANTS)
+
+# A built wheel in a fresh virtualenv, run from an empty directory: the quickstart by name and
+# the paper's quick reproduction, with configs, traces and profiles read from the package.
+WHEEL_CHECK := build/wheel-check
+wheel-check: $(VENV)/.installed
+	rm -rf $(WHEEL_CHECK) && mkdir -p $(WHEEL_CHECK)/empty
+	$(PIP) wheel --no-deps -w $(WHEEL_CHECK)/dist .
+	$(PYTHON) -m venv $(WHEEL_CHECK)/venv
+	$(WHEEL_CHECK)/venv/bin/python -m pip --disable-pip-version-check -q install $(WHEEL_CHECK)/dist/kvsim-*.whl
+	cd $(WHEEL_CHECK)/empty && ../venv/bin/kvsim run quickstart --quiet --out out \
+	  && ../venv/bin/kvsim reproduce vllm-paper --quick --no-progress --out paper \
+	  && test -f paper/report.md
 
 lint: $(VENV)/.dev
 	$(VENV)/bin/ruff check .
@@ -41,4 +53,4 @@ bench: $(VENV)/.installed
 	$(PY) -m benchmarks.run
 
 clean:
-	rm -rf $(VENV) results .pytest_cache
+	rm -rf $(VENV) results .pytest_cache $(WHEEL_CHECK)

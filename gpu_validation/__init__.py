@@ -7,3 +7,6 @@ simpy, no pydantic), which this package imports; the simulator never imports thi
 (DESIGN.md "Layout and layering", checked by the import contract in pyproject.toml). The
 kernel, pool and benchmark modules import torch and triton themselves.
 """
+
+if __name__ != "kvsim.gpu_validation":  # one module object per file: never both gpu_validation.x and kvsim.gpu_validation.x
+    raise ImportError(f"import kvsim.gpu_validation, not {__name__}: the repository's folders install as the kvsim package")

@@ -23,7 +23,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from gpu_validation.paged_attention import DecodeConfig, _decode_attention_kernel
+from kvsim.gpu_validation.paged_attention import DecodeConfig, _decode_attention_kernel
 
 POINTERS = {
     "out_ptr": "{dtype}",

@@ -1,4 +1,4 @@
-"""``kvsim calibrate`` / ``python -m gpu_validation.bench``: measure a GPU, write its profile.
+"""``kvsim calibrate`` / ``python -m kvsim.gpu_validation.bench``: measure a GPU, write its profile.
 
 Steps: correctness checks at full size (kernels vs the torch reference, copy and swap
 round trips), then timing grids (decode attention paged vs contiguous over batch x
@@ -122,8 +122,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def refit(profile_path: Path) -> int:
-    from gpu_validation.fitting import build_profile
-    from simulator.cost_model.calibration_profile import ProfileError, read_profile, write_profile
+    from kvsim.gpu_validation.fitting import build_profile
+    from kvsim.simulator.cost_model.calibration_profile import (
+        ProfileError,
+        read_profile,
+        write_profile,
+    )
 
     try:
         old = read_profile(profile_path)
@@ -165,12 +169,12 @@ def _run(args: argparse.Namespace) -> int:
     import torch
     import triton
 
-    from gpu_validation import measurements as M
-    from gpu_validation.correctness import CheckSizes, check_decode, run_checks
-    from gpu_validation.fitting import build_profile
-    from gpu_validation.report import format_summary, hbm_peak_from_name, summarize
-    from gpu_validation.timing import Timer
-    from simulator.cost_model.calibration_profile import ProfileMetadata, write_profile
+    from kvsim.gpu_validation import measurements as M
+    from kvsim.gpu_validation.correctness import CheckSizes, check_decode, run_checks
+    from kvsim.gpu_validation.fitting import build_profile
+    from kvsim.gpu_validation.report import format_summary, hbm_peak_from_name, summarize
+    from kvsim.gpu_validation.timing import Timer
+    from kvsim.simulator.cost_model.calibration_profile import ProfileMetadata, write_profile
 
     t_start = time.monotonic()
     end = t_start + args.budget_s

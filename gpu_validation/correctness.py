@@ -10,13 +10,13 @@ from dataclasses import dataclass
 
 import torch
 
-from gpu_validation.gpu_block_pool import GPUBlockPool
-from gpu_validation.paged_attention import (
+from kvsim.gpu_validation.gpu_block_pool import GPUBlockPool
+from kvsim.gpu_validation.paged_attention import (
     DecodeConfig,
     contiguous_decode_attention,
     paged_decode_attention,
 )
-from gpu_validation.reference import (
+from kvsim.gpu_validation.reference import (
     reference_contiguous_decode_attention,
     reference_paged_decode_attention,
 )

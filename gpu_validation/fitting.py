@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from simulator.cost_model.calibration_profile import (
+from kvsim.simulator.cost_model.calibration_profile import (
     AffineFit,
     DecodeFit,
     GemmRoofline,

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import torch
 
-from gpu_validation.block_copy import copy_blocks
-from policies import BlockPool
+from kvsim.gpu_validation.block_copy import copy_blocks
+from kvsim.policies import BlockPool
 
 
 def _runs(sorted_blocks: list[int]) -> list[tuple[int, int, int]]:

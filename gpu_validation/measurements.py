@@ -17,17 +17,17 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from gpu_validation.block_copy import copy_blocks
-from gpu_validation.gpu_block_pool import GPUBlockPool
-from gpu_validation.paged_attention import (
+from kvsim.gpu_validation.block_copy import copy_blocks
+from kvsim.gpu_validation.gpu_block_pool import GPUBlockPool
+from kvsim.gpu_validation.paged_attention import (
     DecodeConfig,
     choose_num_splits,
     contiguous_decode_attention,
     num_sms,
     paged_decode_attention,
 )
-from gpu_validation.timing import Timer
-from simulator.cost_model.gemm_shapes import catalogue_gemms
+from kvsim.gpu_validation.timing import Timer
+from kvsim.simulator.cost_model.gemm_shapes import catalogue_gemms
 
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 

@@ -34,7 +34,7 @@ cat "$OUT/env.txt"
 
 # The bench keeps to a 360 s budget on its own; the timeout is the hard stop. SIGINT first,
 # so a cut run still leaves its raw CSV (rewritten after every section).
-timeout --signal=INT --kill-after=20 450 python -m gpu_validation.bench --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log"
+timeout --signal=INT --kill-after=20 450 python -m kvsim.gpu_validation.bench --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log"
 rc=${PIPESTATUS[0]}
 echo "bench exit code: $rc (0 ok, 1 correctness failed, 2 no GPU, 124/130 timed out)" | tee -a "$OUT/bench.log"
 ls -l "$OUT"

@@ -1,6 +1,6 @@
 """A synthetic profile made from datasheet numbers, for trying ``calibrated`` without a GPU.
 
-``python -m gpu_validation.synthetic_profile`` writes ``profiles/example-a100-80gb.yaml``.
+``python -m kvsim.gpu_validation.synthetic_profile`` writes ``profiles/example-a100-80gb.yaml``.
 Nothing in it is measured: every formula is a roofline of the A100-80GB's published
 peaks (NVIDIA A100 datasheet: 2.039 TB/s HBM2e, 312 TFLOP/s dense fp16 tensor core, PCIe
 4.0 x16 host link) times an assumed achieved efficiency, written in the same format a
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from simulator.cost_model.calibration_profile import (
+from kvsim.simulator.cost_model.calibration_profile import (
     AffineFit,
     DecodeFit,
     GemmRoofline,
@@ -23,7 +23,7 @@ from simulator.cost_model.calibration_profile import (
     TransferFit,
     write_profile,
 )
-from simulator.cost_model.gemm_shapes import catalogue_gemms
+from kvsim.simulator.cost_model.gemm_shapes import catalogue_gemms
 
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 GEMM_MS = (1, 8, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence, Sized
 
-from policies.free_block_queue import FreeBlockQueue
+from kvsim.policies.free_block_queue import FreeBlockQueue
 
 
 class OutOfBlocks(RuntimeError):

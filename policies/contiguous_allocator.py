@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
-from policies.kv_allocator import (
+from kvsim.policies.kv_allocator import (
     Admission,
     KVAllocator,
     MemoryUsage,
@@ -37,8 +37,8 @@ from policies.kv_allocator import (
     SwapResult,
     final_lengths,
 )
-from policies.reservation import RESERVATION_POLICIES, reservation_slots
-from policies.slot_space import SlotSpace, make_slot_space
+from kvsim.policies.reservation import RESERVATION_POLICIES, reservation_slots
+from kvsim.policies.slot_space import SlotSpace, make_slot_space
 
 
 class OutOfSlots(RuntimeError):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Hashable, Sequence
 
-from policies.kv_allocator import Admission, KVAllocator, MemoryUsage, final_lengths
+from kvsim.policies.kv_allocator import Admission, KVAllocator, MemoryUsage, final_lengths
 
 
 class FirstFitPagedAllocator(KVAllocator):

@@ -52,9 +52,9 @@ from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from operator import mul
 
-from policies.block_pool import BlockPool, OutOfBlocks
-from policies.eviction_order import EvictionOrder
-from policies.kv_allocator import (
+from kvsim.policies.block_pool import BlockPool, OutOfBlocks
+from kvsim.policies.eviction_order import EvictionOrder
+from kvsim.policies.kv_allocator import (
     Admission,
     KVAllocator,
     MemoryUsage,

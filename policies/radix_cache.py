@@ -50,8 +50,8 @@ import heapq
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
-from policies.eviction_order import EVICTION_POLICIES, EvictionOrder
-from policies.kv_allocator import MemoryUsage
+from kvsim.policies.eviction_order import EVICTION_POLICIES, EvictionOrder
+from kvsim.policies.kv_allocator import MemoryUsage
 
 Tokens = tuple[Hashable, ...]
 

@@ -29,7 +29,7 @@ import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from policies.reference_paged import FRAGMENTED, NEVER, NO_SPACE, OK, Memory
+from kvsim.policies.reference_paged import FRAGMENTED, NEVER, NO_SPACE, OK, Memory
 
 #: The paper's baselines: (placement, reservation, request-level batching).
 REFERENCE_PRESETS = {

@@ -45,7 +45,7 @@ from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
-from policies.reference_eviction import PlainEvictionOrder
+from kvsim.policies.reference_eviction import PlainEvictionOrder
 
 OK, NO_SPACE, FRAGMENTED, NEVER = "ok", "no_space", "fragmented", "never"
 

@@ -49,8 +49,8 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
-from policies.reference_eviction import PlainEvictionOrder
-from policies.reference_paged import Memory
+from kvsim.policies.reference_eviction import PlainEvictionOrder
+from kvsim.policies.reference_paged import Memory
 
 EVICTION_KEYS = {
     "lru": lambda n: (n.last_access,),

@@ -60,11 +60,11 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterator, Sequence
 from itertools import chain
 
-from policies.block_pool import QueuedBlockPool
-from policies.eviction_order import EvictionOrder
-from policies.free_block_queue import UncachedFirstQueue
-from policies.kv_allocator import MemoryUsage
-from policies.paged_allocator import PagedAllocator
+from kvsim.policies.block_pool import QueuedBlockPool
+from kvsim.policies.eviction_order import EvictionOrder
+from kvsim.policies.free_block_queue import UncachedFirstQueue
+from kvsim.policies.kv_allocator import MemoryUsage
+from kvsim.policies.paged_allocator import PagedAllocator
 
 
 def block_identities(keys: list[int], request_id: int, start: int, stop: int) -> Iterator[Hashable]:

@@ -25,8 +25,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from simulator.cost_model.catalogue import GiB, GPUSpec, ModelSpec
-from simulator.cost_model.gemm_shapes import kv_heads_per_gpu, layer_gemms, lm_head_gemm
+from kvsim.simulator.cost_model.catalogue import GiB, GPUSpec, ModelSpec
+from kvsim.simulator.cost_model.gemm_shapes import kv_heads_per_gpu, layer_gemms, lm_head_gemm
 
 FP32_BYTES = 4
 

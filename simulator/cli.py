@@ -26,7 +26,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from simulator.display import fmt_cell, fmt_number
+from kvsim.simulator.display import fmt_cell, fmt_number
 
 HEADLINE = (
     ("completed", "requests completed", "{:.0f}"),
@@ -63,12 +63,17 @@ def summary_table(summary: dict, title: str) -> Table:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from simulator.config import load_config
-    from simulator.results import check_writable, default_run_dir, write_run
-    from simulator.run_progress import RunProgress
-    from simulator.runner import expected_duration_s, expected_requests, run_experiment
+    from kvsim.simulator.config import ConfigError, load_config
+    from kvsim.simulator.results import check_writable, default_run_dir, write_run
+    from kvsim.simulator.run_progress import RunProgress
+    from kvsim.simulator.runner import expected_duration_s, expected_requests, run_experiment
+    from kvsim.simulator.shipped_configs import find_config, shipped_names
 
-    cfg, base_dir = load_config(args.config, args.set or [])
+    path = find_config(args.config)
+    if not path.exists():
+        raise ConfigError(f"{args.config}: no such file, nor a shipped config of that name "
+                          f"(shipped: {', '.join(shipped_names())})")
+    cfg, base_dir = load_config(path, args.set or [])
     if args.out:
         cfg = cfg.model_copy(update={"output_dir": args.out})
     run_dir = default_run_dir(cfg, args.run)  # a bad --run name fails here
@@ -93,7 +98,7 @@ def _parse_find_rate(text: str) -> dict:
     """``lo=0.5,hi=16[,key=...,tolerance=...,max_normalized_latency=...]`` -> a mapping."""
     import yaml
 
-    from simulator.sweep import SweepError
+    from kvsim.simulator.sweep import SweepError
 
     out = {}
     for part in text.split(","):
@@ -105,11 +110,11 @@ def _parse_find_rate(text: str) -> dict:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from simulator.sweep import expand_points, load_sweep, run_sweep, validate_points
+    from kvsim.simulator.sweep import expand_points, load_sweep, run_sweep, validate_points
 
     _check_address(args)
     if args.name is not None:
-        from simulator.config import check_name
+        from kvsim.simulator.config import check_name
 
         try:
             check_name(args.name, "--name")
@@ -143,7 +148,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     for p in result.paths:
         print(f"table:   {p}")
     if args.plot:
-        from simulator.plot_cli import PlotError, plot_sweep
+        from kvsim.simulator.plot_cli import PlotError, plot_sweep
 
         try:
             for p in plot_sweep(result.dir):
@@ -210,7 +215,7 @@ def rates_table(rates, title: str) -> Table:
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
-    from simulator.reproduce import EXPERIMENTS, reproduce
+    from kvsim.simulator.reproduce import EXPERIMENTS, reproduce
 
     _check_address(args)
     only = tuple(x.strip() for x in (args.only or "").split(",") if x.strip())
@@ -240,9 +245,9 @@ def _check_address(args: argparse.Namespace) -> None:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from simulator.results import check_writable
-    from simulator.validate import validate_run
-    from simulator.validate_report import readme_snippet, write_validation
+    from kvsim.simulator.results import check_writable
+    from kvsim.simulator.validate import validate_run
+    from kvsim.simulator.validate_report import readme_snippet, write_validation
 
     folder = Path(args.folder)
     out = Path(args.out) if args.out else None
@@ -271,7 +276,7 @@ def run_calibration_bench(args: list[str]) -> int:
     "Layout and layering"). Its output streams through; its error lines are passed on."""
     import subprocess
 
-    done = subprocess.run([sys.executable, "-m", "gpu_validation.bench", *args], stderr=subprocess.PIPE,
+    done = subprocess.run([sys.executable, "-m", "kvsim.gpu_validation.bench", *args], stderr=subprocess.PIPE,
                           text=True)
     sys.stderr.write(done.stderr)
     return done.returncode
@@ -308,7 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="simulate one experiment (a YAML config)")
-    run.add_argument("config", help="experiment YAML, e.g. configs/quickstart.yaml")
+    run.add_argument("config", help="experiment YAML, or a shipped config by name, e.g. quickstart")
     _add_set_option(run, "override a key, e.g. allocator.block_size=32")
     run.add_argument("--run", help="name of the run folder (default: hash of the resolved config)")
     run.add_argument("--out", help="results folder (default: the config's output_dir, 'results')")
@@ -344,11 +349,11 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--dry-run", action="store_true", help="validate and list the grid points; run nothing")
     sw.set_defaults(func=cmd_sweep)
 
-    from simulator.plot_cli import add_plot_command
+    from kvsim.simulator.plot_cli import add_plot_command
 
     add_plot_command(sub)
 
-    from simulator.trace_cli import add_trace_commands
+    from kvsim.simulator.trace_cli import add_trace_commands
 
     add_trace_commands(sub)
 
@@ -383,26 +388,26 @@ def build_parser() -> argparse.ArgumentParser:
     va.set_defaults(func=cmd_validate)
 
     cal = sub.add_parser("calibrate", help="measure kernels on a GPU and write a cost-model profile")
-    cal.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for python -m gpu_validation.bench")
+    cal.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for python -m kvsim.gpu_validation.bench")
     cal.set_defaults(func=cmd_calibrate)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    from simulator.config import ConfigError
-    from simulator.cost_model.calibration_profile import ProfileError
-    from simulator.cost_model.operator_profile import OperatorProfileError
-    from simulator.engine import SimulationStalled
-    from simulator.plot_cli import PlotError
-    from simulator.results import OutputError
-    from simulator.sweep import SweepError
-    from simulator.validate import ValidateError
-    from traces import TraceError
+    from kvsim.simulator.config import ConfigError
+    from kvsim.simulator.cost_model.calibration_profile import ProfileError
+    from kvsim.simulator.cost_model.operator_profile import OperatorProfileError
+    from kvsim.simulator.engine import SimulationStalled
+    from kvsim.simulator.plot_cli import PlotError
+    from kvsim.simulator.results import OutputError
+    from kvsim.simulator.sweep import SweepError
+    from kvsim.simulator.validate import ValidateError
+    from kvsim.traces import TraceError
 
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         if argv[:1] == ["calibrate"] and "--import" in argv[1:]:  # a public profile bundle -> a profile
-            from simulator.cost_model.profile_import import main as import_main
+            from kvsim.simulator.cost_model.profile_import import main as import_main
 
             return import_main(argv[1:])
         if argv[:1] == ["calibrate"]:  # every later argument belongs to the benchmark, options included

@@ -37,11 +37,11 @@ from pydantic import (
     model_validator,
 )
 
-from policies.contiguous_allocator import contiguous_preset
-from simulator.capacity import MemoryBudget, kv_slots, memory_budget
-from simulator.cost_model.catalogue import GPUS, MODELS, GiB, GPUSpec, ModelSpec
-from simulator.cost_model.roofline import RooflineParams, roofline_preset
-from simulator.workload import WorkloadConfig, numbers_are_not_booleans
+from kvsim.policies.contiguous_allocator import contiguous_preset
+from kvsim.simulator.capacity import MemoryBudget, kv_slots, memory_budget
+from kvsim.simulator.cost_model.catalogue import GPUS, MODELS, GiB, GPUSpec, ModelSpec
+from kvsim.simulator.cost_model.roofline import RooflineParams, roofline_preset
+from kvsim.simulator.workload import WorkloadConfig, numbers_are_not_booleans
 
 
 class ConfigError(ValueError):

@@ -15,7 +15,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from traces import Request
+from kvsim.traces import Request
 
 
 def sample_targets(request: Request, policy: str, rng: np.random.Generator, max_total: int) -> list[int]:

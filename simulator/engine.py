@@ -26,16 +26,16 @@ from dataclasses import dataclass, field
 
 import simpy
 
-from policies.kv_allocator import KVAllocator
-from simulator.cost_model.base import CostModel
-from simulator.fast_path import FastPath, Lookahead, row_state
-from simulator.metrics import RequestLog, request_row
-from simulator.scheduler import Scheduler, SchedulerSettings, Step
-from simulator.scheduler_sglang import SchedulerSGLang
-from simulator.scheduler_v1 import SchedulerV1
-from simulator.sequence import SequenceGroup
-from simulator.step_log import StepLog, Window
-from traces import Request
+from kvsim.policies.kv_allocator import KVAllocator
+from kvsim.simulator.cost_model.base import CostModel
+from kvsim.simulator.fast_path import FastPath, Lookahead, row_state
+from kvsim.simulator.metrics import RequestLog, request_row
+from kvsim.simulator.scheduler import Scheduler, SchedulerSettings, Step
+from kvsim.simulator.scheduler_sglang import SchedulerSGLang
+from kvsim.simulator.scheduler_v1 import SchedulerV1
+from kvsim.simulator.sequence import SequenceGroup
+from kvsim.simulator.step_log import StepLog, Window
+from kvsim.traces import Request
 
 INF = float("inf")
 

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from simulator.runner import RunResult
+from kvsim.simulator.runner import RunResult
 
 
 @dataclass(frozen=True)
@@ -87,9 +87,9 @@ def _error_line(e: BaseException) -> str:
 
 def execute_run(job: RunJob) -> RunOutcome:
     """Simulate one job; write its folder (if ``job.write``); never raise for a bad run."""
-    from simulator.config import validate_config
-    from simulator.results import write_run
-    from simulator.runner import run_experiment
+    from kvsim.simulator.config import validate_config
+    from kvsim.simulator.results import write_run
+    from kvsim.simulator.runner import run_experiment
 
     try:
         cfg = validate_config(copy.deepcopy(job.config), source=f"run {job.run_id}")
@@ -210,7 +210,7 @@ def _pool_context():
     if "forkserver" in mp.get_all_start_methods():
         ctx = mp.get_context("forkserver")
         ctx.set_forkserver_preload(
-            ["__main__", "simulator.executors", "simulator.runner", "simulator.results"]
+            ["__main__", "kvsim.simulator.executors", "kvsim.simulator.runner", "kvsim.simulator.results"]
         )
         return ctx
     return mp.get_context("spawn")

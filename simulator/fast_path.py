@@ -35,14 +35,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
-from policies.kv_allocator import RunWeights
-from simulator.cost_model.base import CostModel
-from simulator.memory_classes import split_free
-from simulator.step_log import StepLog, step_row
+from kvsim.policies.kv_allocator import RunWeights
+from kvsim.simulator.cost_model.base import CostModel
+from kvsim.simulator.memory_classes import split_free
+from kvsim.simulator.step_log import StepLog, step_row
 
 if TYPE_CHECKING:  # the schedulers import nothing from here; only their types are named
-    from simulator.scheduler import Scheduler, Step
-    from simulator.scheduler_v1 import SchedulerV1
+    from kvsim.simulator.scheduler import Scheduler, Step
+    from kvsim.simulator.scheduler_v1 import SchedulerV1
 
 INF = float("inf")
 

@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from simulator.config import check_name
-from simulator.cost_model.catalogue import GPUS, MODELS
+from kvsim.simulator.config import check_name
+from kvsim.simulator.cost_model.catalogue import GPUS, MODELS
 
 
 class ValidateError(Exception):

@@ -6,7 +6,7 @@ wasted inside allocations; only the scheduler knows why free slots are free.
 
 from __future__ import annotations
 
-from policies.kv_allocator import Admission
+from kvsim.policies.kv_allocator import Admission
 
 CLASSES = ("token_states", "reserved", "internal_frag", "external_frag", "stranded_free", "idle_free")
 

@@ -12,10 +12,10 @@ from array import array
 import numpy as np
 import pandas as pd
 
-from simulator.latency_histogram import LatencyHistogram
-from simulator.memory_classes import CLASSES
-from simulator.sequence import SequenceGroup, Status
-from simulator.step_log import StepTotals, Window
+from kvsim.simulator.latency_histogram import LatencyHistogram
+from kvsim.simulator.memory_classes import CLASSES
+from kvsim.simulator.sequence import SequenceGroup, Status
+from kvsim.simulator.step_log import StepTotals, Window
 
 REQUEST_COLUMNS = (
     "request_id", "replica", "status", "reason", "arrival_s", "prompt_tokens", "output_tokens", "num_seqs",

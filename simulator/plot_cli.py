@@ -31,7 +31,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from simulator.rate_search import DEFAULT_MAX_NORMALIZED_LATENCY, SustainabilityCriterion
+from kvsim.simulator.rate_search import DEFAULT_MAX_NORMALIZED_LATENCY, SustainabilityCriterion
 
 FORMATS = ("png", "svg")
 BLOCK_KEY = "allocator.block_size"
@@ -146,7 +146,7 @@ def _unique(labels: list[str]) -> list[str]:
 
 def plot_sweep(sweep_dir: Path, out_dir: Path | None = None) -> list[Path]:
     """Draw every figure that applies to a sweep folder; return the files written."""
-    from simulator import plots
+    from kvsim.simulator import plots
 
     sweep_dir = Path(sweep_dir)
     out_dir = Path(out_dir) if out_dir else sweep_dir / "plots"
@@ -305,7 +305,7 @@ def _bar_rows(
 
 def plot_run(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
     """The memory timeline of one run folder."""
-    from simulator import plots
+    from kvsim.simulator import plots
 
     run_dir = Path(run_dir)
     out_dir = Path(out_dir) if out_dir else run_dir / "plots"

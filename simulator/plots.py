@@ -21,7 +21,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from simulator.memory_classes import CLASSES  # noqa: E402
+from kvsim.simulator.memory_classes import CLASSES  # noqa: E402
 
 CLASS_LABELS = {
     "token_states": "token states",

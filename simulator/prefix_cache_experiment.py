@@ -16,7 +16,7 @@ else), and one row per (workload, system) records:
 * the time-weighted memory classes (% of KV slots: token states, reserved, internal
   fragmentation, free with and without a request waiting).
 
-    python -m simulator.prefix_cache_experiment [--out results/sglang_vs_vllm] [--tiny]
+    python -m kvsim.simulator.prefix_cache_experiment [--out results/sglang_vs_vllm] [--tiny]
 
 writes ``table.md``, ``table.csv`` and ``sglang_vs_vllm.png`` (hit ratio and mean TTFT per
 workload, one bar per system). ``--tiny`` cuts every workload to its first 120 requests (the
@@ -37,10 +37,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from simulator.config import load_config  # noqa: E402
-from simulator.runner import run_experiment  # noqa: E402
+from kvsim.simulator.config import load_config  # noqa: E402
+from kvsim.simulator.runner import run_experiment  # noqa: E402
+from kvsim.simulator.shipped_configs import CONFIG_DIR as SHIPPED
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "sglang_vs_vllm"
+CONFIG_DIR = SHIPPED / "sglang_vs_vllm"
 WORKLOADS: dict[str, tuple[str, tuple[str, ...]]] = {  # name -> (config, overrides)
     "Mooncake synthetic (first 400)": ("mooncake.yaml", ()),
     "multi-turn chat": ("multi_turn.yaml", ()),

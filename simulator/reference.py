@@ -52,8 +52,8 @@ import numpy as np
 import pandas as pd
 import simpy
 
-from policies.reference_contiguous import REFERENCE_PRESETS, ReferenceContiguousAllocator
-from policies.reference_paged import (
+from kvsim.policies.reference_contiguous import REFERENCE_PRESETS, ReferenceContiguousAllocator
+from kvsim.policies.reference_paged import (
     FRAGMENTED,
     NEVER,
     OK,
@@ -61,12 +61,12 @@ from policies.reference_paged import (
     ReferencePagedAllocator,
     blocks_for,
 )
-from simulator.capacity import swap_slots
-from simulator.config import ExperimentConfig
-from simulator.cost_model.base import BatchShape, CostModel
-from simulator.cost_model.roofline import RooflineCostModel, RooflineParams
-from simulator.decoding import beam_parent_counts, sample_targets
-from traces import Request
+from kvsim.simulator.capacity import swap_slots
+from kvsim.simulator.config import ExperimentConfig
+from kvsim.simulator.cost_model.base import BatchShape, CostModel
+from kvsim.simulator.cost_model.roofline import RooflineCostModel, RooflineParams
+from kvsim.simulator.decoding import beam_parent_counts, sample_targets
+from kvsim.traces import Request
 
 CLASSES = (
     "token_states",
@@ -809,7 +809,7 @@ def make_reference_allocator(
     free queue), or contiguous regions."""
     slots, a = cfg.kv_slots, cfg.allocator
     if cfg.scheduler.policy == "sglang":  # a radix tree over pages of block_size slots
-        from policies.reference_radix import ReferenceRadixCache
+        from kvsim.policies.reference_radix import ReferenceRadixCache
 
         B = a.block_size
         return ReferenceRadixCache(slots // B * B, B, a.eviction_policy)
@@ -892,7 +892,7 @@ class ReferenceSimulation:
         make_cost = make_cost or (lambda: roofline_cost(cfg))
         replica = ReferenceV1Replica if rules.policy == "vllm-v1" else ReferenceReplica
         if rules.policy == "sglang":  # (its module builds on this one)
-            from simulator.reference_sglang import ReferenceSGLangReplica
+            from kvsim.simulator.reference_sglang import ReferenceSGLangReplica
 
             replica = ReferenceSGLangReplica
         self.replicas = [

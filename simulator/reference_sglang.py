@@ -41,10 +41,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from policies.reference_radix import RadixNode, ReferenceRadixCache
-from simulator.cost_model.base import CostModel
-from simulator.reference import Group, ReferenceReplica, Rules, Step
-from traces import Request
+from kvsim.policies.reference_radix import RadixNode, ReferenceRadixCache
+from kvsim.simulator.cost_model.base import CostModel
+from kvsim.simulator.reference import Group, ReferenceReplica, Rules, Step
+from kvsim.traces import Request
 
 CLIP_OUTPUT = 4096  # most output tokens a request's reservation counts
 RETRACT_STEPS = 20  # decode tokens per remaining request a retraction makes room for

@@ -38,10 +38,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from simulator.config import load_config
-from simulator.cost_model.base import BatchShape, causal_attention_pairs
-from simulator.cost_model.roofline import RooflineCostModel, RooflineParams
-from simulator.plots import (
+from kvsim.simulator.config import load_config
+from kvsim.simulator.cost_model.base import BatchShape, causal_attention_pairs
+from kvsim.simulator.cost_model.roofline import RooflineCostModel, RooflineParams
+from kvsim.simulator.plots import (
     plot_batched_requests,
     plot_block_size_sweep,
     plot_latency_vs_rate,
@@ -50,9 +50,10 @@ from simulator.plots import (
     plot_swap_microbenchmark,
     plot_swap_vs_recompute,
 )
-from simulator.sweep import SweepResult, SweepSpec, load_sweep, run_sweep
+from kvsim.simulator.shipped_configs import CONFIG_DIR as SHIPPED
+from kvsim.simulator.sweep import SweepResult, SweepSpec, load_sweep, run_sweep
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "vllm_paper"
+CONFIG_DIR = SHIPPED / "vllm_paper"
 PAPER = "Kwon et al., SOSP 2023"
 POINT_BAND = 0.20  # +/- relative band around a single number the paper reports (ours)
 SHARE_BAND_POINTS = 5.0  # +/- percentage points around a memory share the paper reports (ours)

@@ -34,8 +34,8 @@ from pathlib import Path
 
 import yaml
 
-from simulator.config import ExperimentConfig, check_name
-from simulator.runner import RunResult
+from kvsim.simulator.config import ExperimentConfig, check_name
+from kvsim.simulator.runner import RunResult
 
 MARKER = ".kvsim-run"
 """File in every run folder kvsim writes: the proof that kvsim may replace the folder."""
@@ -140,7 +140,7 @@ def write_run(result: RunResult, run_dir: Path, plot: bool = True) -> Path:
         if result.config.metrics.step_table:
             result.steps.to_parquet(tmp / "steps.parquet", index=False)
         if plot and len(result.steps):  # the timeline needs the per-step table
-            from simulator.plots import plot_memory_timeline
+            from kvsim.simulator.plots import plot_memory_timeline
 
             plot_memory_timeline(result.steps, result.summary["kv_capacity_slots"], tmp / "memory_timeline.png",
                                  title=result.config.name)

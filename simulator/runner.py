@@ -9,22 +9,22 @@ from pathlib import Path
 
 import pandas as pd
 
-from policies.contiguous_allocator import ContiguousAllocator, contiguous_preset
-from policies.kv_allocator import KVAllocator
-from policies.paged_allocator import PagedAllocator
-from policies.radix_cache import RadixCacheAllocator
-from policies.v1_prefix_cache import V1PrefixCacheAllocator
-from simulator.capacity import swap_slots
-from simulator.config import ConfigError, ExperimentConfig
-from simulator.cost_model.base import CostModel
-from simulator.cost_model.roofline import RooflineCostModel, RooflineParams
-from simulator.engine import Simulation
-from simulator.latency_histogram import LatencyHistogram
-from simulator.metrics import summarize
-from simulator.scheduler import SchedulerSettings
-from simulator.scheduler_sglang import SGLangSettings
-from simulator.workload import build_requests
-from traces import Request
+from kvsim.policies.contiguous_allocator import ContiguousAllocator, contiguous_preset
+from kvsim.policies.kv_allocator import KVAllocator
+from kvsim.policies.paged_allocator import PagedAllocator
+from kvsim.policies.radix_cache import RadixCacheAllocator
+from kvsim.policies.v1_prefix_cache import V1PrefixCacheAllocator
+from kvsim.simulator.capacity import swap_slots
+from kvsim.simulator.config import ConfigError, ExperimentConfig
+from kvsim.simulator.cost_model.base import CostModel
+from kvsim.simulator.cost_model.roofline import RooflineCostModel, RooflineParams
+from kvsim.simulator.engine import Simulation
+from kvsim.simulator.latency_histogram import LatencyHistogram
+from kvsim.simulator.metrics import summarize
+from kvsim.simulator.scheduler import SchedulerSettings
+from kvsim.simulator.scheduler_sglang import SGLangSettings
+from kvsim.simulator.workload import build_requests
+from kvsim.traces import Request
 
 
 @dataclass
@@ -78,14 +78,14 @@ def make_cost_factory(cfg: ExperimentConfig, base_dir: Path) -> Callable[[], Cos
     if cfg.scheduler.policy == "sglang":  # its attention kernels (FlashInfer, FA3) read KV through a
         block = max(block, 16)  # token index table, not vLLM's per-block gather: cost them as vLLM at 16
     if c.kind == "calibrated":
-        from simulator.cost_model.calibrated import CalibratedCostModel, load_profile_for
+        from kvsim.simulator.cost_model.calibrated import CalibratedCostModel, load_profile_for
 
         profile = load_profile_for(c.profile, base_dir)
         params = RooflineParams(step_overhead_s=c.step_overhead_s)
         return lambda: CalibratedCostModel(profile, cfg.model.spec, hw.spec, hw.tensor_parallel, block, kernel,
                                            pcie=hw.pcie, swap_batched=c.swap_batched, params=params)
     if c.kind == "profiled":
-        from simulator.cost_model.profiled import profiled_cost_factory
+        from kvsim.simulator.cost_model.profiled import profiled_cost_factory
 
         overhead = c.step_overhead_s or 0.0  # unset: the GPU's work only
         return profiled_cost_factory(c.profile, base_dir, cfg.model.spec, hw.spec, hw.tensor_parallel, block,

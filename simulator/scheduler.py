@@ -28,12 +28,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from policies.kv_allocator import Admission, KVAllocator, RunWeights
-from simulator.cost_model.base import BatchShape, causal_attention_pairs
-from simulator.decoding import beam_parent_counts, prefix_contents, sample_targets
-from simulator.latency_histogram import LatencyHistogram
-from simulator.sequence import DecodeClock, SequenceGroup, Status
-from traces import Request
+from kvsim.policies.kv_allocator import Admission, KVAllocator, RunWeights
+from kvsim.simulator.cost_model.base import BatchShape, causal_attention_pairs
+from kvsim.simulator.decoding import beam_parent_counts, prefix_contents, sample_targets
+from kvsim.simulator.latency_histogram import LatencyHistogram
+from kvsim.simulator.sequence import DecodeClock, SequenceGroup, Status
+from kvsim.traces import Request
 
 
 @dataclass(frozen=True)

@@ -68,13 +68,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from policies.kv_allocator import Admission, RunWeights
-from policies.radix_cache import RadixCacheAllocator, Tokens, request_tokens
-from simulator.cost_model.base import causal_attention_pairs
-from simulator.latency_histogram import LatencyHistogram
-from simulator.scheduler import SchedulerSettings, Step
-from simulator.sequence import DecodeClock, SequenceGroup, Status
-from traces import Request
+from kvsim.policies.kv_allocator import Admission, RunWeights
+from kvsim.policies.radix_cache import RadixCacheAllocator, Tokens, request_tokens
+from kvsim.simulator.cost_model.base import causal_attention_pairs
+from kvsim.simulator.latency_histogram import LatencyHistogram
+from kvsim.simulator.scheduler import SchedulerSettings, Step
+from kvsim.simulator.sequence import DecodeClock, SequenceGroup, Status
+from kvsim.traces import Request
 
 INIT_NEW_TOKEN_RATIO = 0.7
 MIN_NEW_TOKEN_RATIO_FACTOR = 0.14

@@ -43,15 +43,15 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from policies.kv_allocator import Admission, RunWeights
-from policies.paged_allocator import PagedAllocator, blocks_for
-from policies.v1_prefix_cache import V1PrefixCacheAllocator
-from simulator.cost_model.base import causal_attention_pairs
-from simulator.decoding import prefix_contents
-from simulator.latency_histogram import LatencyHistogram
-from simulator.scheduler import FinishQueue, SchedulerSettings, Step, beyond_context
-from simulator.sequence import DecodeClock, SequenceGroup, Status
-from traces import Request
+from kvsim.policies.kv_allocator import Admission, RunWeights
+from kvsim.policies.paged_allocator import PagedAllocator, blocks_for
+from kvsim.policies.v1_prefix_cache import V1PrefixCacheAllocator
+from kvsim.simulator.cost_model.base import causal_attention_pairs
+from kvsim.simulator.decoding import prefix_contents
+from kvsim.simulator.latency_histogram import LatencyHistogram
+from kvsim.simulator.scheduler import FinishQueue, SchedulerSettings, Step, beyond_context
+from kvsim.simulator.sequence import DecodeClock, SequenceGroup, Status
+from kvsim.traces import Request
 
 
 @dataclass(slots=True)

@@ -6,7 +6,7 @@ import enum
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-from traces import Request
+from kvsim.traces import Request
 
 
 class Status(enum.Enum):

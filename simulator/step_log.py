@@ -32,7 +32,7 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from simulator.memory_classes import CLASSES
+from kvsim.simulator.memory_classes import CLASSES
 
 
 class StepRow(NamedTuple):

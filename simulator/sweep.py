@@ -84,7 +84,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from simulator.config import (
+from kvsim.simulator.config import (
     ConfigError,
     ExperimentConfig,
     check_name,
@@ -92,15 +92,22 @@ from simulator.config import (
     read_yaml,
     validate_config,
 )
-from simulator.executors import Executor, RunFn, RunJob, RunOutcome, execute_run, make_executor
-from simulator.rate_search import (
+from kvsim.simulator.executors import (
+    Executor,
+    RunFn,
+    RunJob,
+    RunOutcome,
+    execute_run,
+    make_executor,
+)
+from kvsim.simulator.rate_search import (
     DEFAULT_MAX_WIDENINGS,
     RateBisection,
     RateSearchSpec,
     SustainabilityCriterion,
 )
-from simulator.results import atomic_dir, config_hash, write_run
-from simulator.run_lock import RunLock
+from kvsim.simulator.results import atomic_dir, config_hash, write_run
+from kvsim.simulator.run_lock import RunLock
 
 SWEEP_KEYS = (
     "name",

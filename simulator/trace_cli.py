@@ -18,12 +18,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from simulator.workload import resolve_data_path
-from traces import LENGTHS, Request, TraceError, detect_format, load_trace, read_lengths
-from traces.fields import TIME_UNITS
-from traces.formats import NAMED_FORMATS, TraceFormat, file_type_of, generic_format
-from traces.plots import plot_trace
-from traces.stats import trace_stats
+from kvsim.simulator.workload import resolve_data_path
+from kvsim.traces import LENGTHS, Request, TraceError, detect_format, load_trace, read_lengths
+from kvsim.traces.fields import TIME_UNITS
+from kvsim.traces.formats import NAMED_FORMATS, TraceFormat, file_type_of, generic_format
+from kvsim.traces.plots import plot_trace
+from kvsim.traces.stats import trace_stats
 
 FORMATS = ("auto", *NAMED_FORMATS, "generic")
 
@@ -184,7 +184,7 @@ def stats_table(stats: dict, title: str = "") -> Table:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Standalone entry point: ``python -m simulator.trace_cli trace stats FILE``."""
+    """Standalone entry point: ``python -m kvsim.simulator.trace_cli trace stats FILE``."""
     parser = argparse.ArgumentParser(prog="kvsim")
     add_trace_commands(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)

@@ -35,14 +35,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from simulator.config import (
+from kvsim.simulator.config import (
     SCHEDULER_POLICIES,
     ConfigError,
     ExperimentConfig,
     validate_config,
 )
-from simulator.cost_model.catalogue import GPUS, MODELS
-from simulator.measured_run import (
+from kvsim.simulator.cost_model.catalogue import GPUS, MODELS
+from kvsim.simulator.measured_run import (
     EngineSettings,
     RunFolder,
     ValidateError,
@@ -51,7 +51,7 @@ from simulator.measured_run import (
     model_key,
     read_run_folder,
 )
-from simulator.memory_classes import CLASSES
+from kvsim.simulator.memory_classes import CLASSES
 
 UNQUEUED_S = 0.05
 """A request scheduled within this many seconds of being queued did not wait in the queue."""
@@ -77,7 +77,7 @@ def policy_available(policy: str) -> bool:
 
 def default_profile(gpu: str, model: str) -> str | None:
     """The shipped operator profile measured on this GPU for this model (``<gpu>-<model>``)."""
-    from simulator.cost_model.operator_profile import PROFILES_DIR
+    from kvsim.simulator.cost_model.operator_profile import PROFILES_DIR
 
     name = f"{gpu}-{model}"
     return name if (PROFILES_DIR / f"{name}.yaml").is_file() else None
@@ -344,7 +344,7 @@ class Replay:
 def run_replay(folder: RunFolder, plan: ReplayPlan, policy: str, cost_model: str,
                measured: pd.DataFrame, overrides: list[str] | tuple[str, ...] = ()) -> Replay:
     """Simulate the run under ``policy`` with ``cost_model`` and measure it as the engine was."""
-    from simulator.runner import run_experiment
+    from kvsim.simulator.runner import run_experiment
 
     cfg = replay_config(folder, plan, policy, cost_model, overrides)
     t0 = time.perf_counter()

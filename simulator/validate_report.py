@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from simulator.validate import LATENCIES, PERCENTILES, UNQUEUED_S, Validation, pct_diff
+from kvsim.simulator.validate import LATENCIES, PERCENTILES, UNQUEUED_S, Validation, pct_diff
 
 ROWS: tuple[tuple[str, str, str], ...] = tuple(
     (f"{key}_{stat}", f"{label} {stat if stat == 'mean' else stat}", unit)
@@ -319,7 +319,7 @@ def plot_scatter(v: Validation, path: Path) -> None:
 def write_validation(v: Validation, out_dir: Path, plot: bool = True) -> Path:
     """Write the report into ``out_dir`` atomically (a folder kvsim marked; anything else there
     is an OutputError, never removed); return it."""
-    from simulator.results import atomic_dir
+    from kvsim.simulator.results import atomic_dir
 
     with atomic_dir(Path(out_dir)) as tmp:
         (tmp / "report.md").write_text(markdown(v, figures=plot))

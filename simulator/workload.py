@@ -30,12 +30,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-import traces
-from traces import Request
-from traces.arrivals import ArrivalProcess, ConstantArrivals, GammaArrivals, PoissonArrivals
-from traces.formats import TraceFormat, file_type_of, generic_format
-from traces.generate import generate_requests
-from traces.lengths import (
+from kvsim import traces
+from kvsim.traces import Request
+from kvsim.traces.arrivals import ArrivalProcess, ConstantArrivals, GammaArrivals, PoissonArrivals
+from kvsim.traces.formats import TraceFormat, file_type_of, generic_format
+from kvsim.traces.generate import generate_requests
+from kvsim.traces.lengths import (
     FilteredLengths,
     FixedLengths,
     LengthSampler,
@@ -43,11 +43,11 @@ from traces.lengths import (
     PoolLengths,
     UniformLengths,
 )
-from traces.loaders import load_length_pool, load_trace
-from traces.multi_turn import LLAMA3_VOCAB, MultiTurnSpec, generate_multi_turn
-from traces.presets import preset_lengths
-from traces.sharegpt_filter import sharegpt_filter, sharegpt_keep_array
-from traces.transforms import (
+from kvsim.traces.loaders import load_length_pool, load_trace
+from kvsim.traces.multi_turn import LLAMA3_VOCAB, MultiTurnSpec, generate_multi_turn
+from kvsim.traces.presets import preset_lengths
+from kvsim.traces.sharegpt_filter import sharegpt_filter, sharegpt_keep_array
+from kvsim.traces.transforms import (
     apply_sharing,
     clip_to_max_len,
     scale_rate,

@@ -14,12 +14,23 @@ This package imports nothing from the rest of kvsim: a trace is a stream of
 * describe it: :func:`trace_stats`, :func:`traces.plots.plot_trace`.
 """
 
-from traces.arrivals import ConstantArrivals, GammaArrivals, PoissonArrivals, make_arrivals
-from traces.data_files import DATA_DIR, data_path, shipped_files
-from traces.errors import TraceError, TraceWarning
-from traces.formats import AZURE, LENGTHS, MOONCAKE, TOKEN_IDS, VIDUR, TraceFormat, detect_format
-from traces.generate import generate_requests
-from traces.lengths import (
+if __name__ != "kvsim.traces":  # one module object per file: never both traces.x and kvsim.traces.x
+    raise ImportError(f"import kvsim.traces, not {__name__}: the repository's folders install as the kvsim package")
+
+from kvsim.traces.arrivals import ConstantArrivals, GammaArrivals, PoissonArrivals, make_arrivals
+from kvsim.traces.data_files import DATA_DIR, data_path, shipped_files
+from kvsim.traces.errors import TraceError, TraceWarning
+from kvsim.traces.formats import (
+    AZURE,
+    LENGTHS,
+    MOONCAKE,
+    TOKEN_IDS,
+    VIDUR,
+    TraceFormat,
+    detect_format,
+)
+from kvsim.traces.generate import generate_requests
+from kvsim.traces.lengths import (
     DiscreteLengths,
     FilteredLengths,
     FixedLengths,
@@ -27,7 +38,7 @@ from traces.lengths import (
     PoolLengths,
     UniformLengths,
 )
-from traces.loaders import (
+from kvsim.traces.loaders import (
     load_length_pool,
     load_trace,
     read_azure,
@@ -37,11 +48,11 @@ from traces.loaders import (
     read_token_ids,
     read_vidur,
 )
-from traces.presets import PRESET_NAMES, preset_lengths
-from traces.request import Request
-from traces.sharegpt_filter import sharegpt_filter, sharegpt_keep
-from traces.stats import trace_stats
-from traces.transforms import (
+from kvsim.traces.presets import PRESET_NAMES, preset_lengths
+from kvsim.traces.request import Request
+from kvsim.traces.sharegpt_filter import sharegpt_filter, sharegpt_keep
+from kvsim.traces.stats import trace_stats
+from kvsim.traces.transforms import (
     apply_sharing,
     clip_to_max_len,
     renumber,

@@ -12,8 +12,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from traces.errors import TraceError
-from traces.fields import TIME_UNITS
+from kvsim.traces.errors import TraceError
+from kvsim.traces.fields import TIME_UNITS
 
 
 @dataclass(frozen=True)

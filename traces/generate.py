@@ -11,9 +11,9 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from traces.arrivals import ArrivalProcess
-from traces.lengths import LengthSampler
-from traces.request import Request
+from kvsim.traces.arrivals import ArrivalProcess
+from kvsim.traces.lengths import LengthSampler
+from kvsim.traces.request import Request
 
 
 def generate_requests(

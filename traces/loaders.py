@@ -33,8 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
-from traces.errors import TraceError, TraceWarning
-from traces.fields import (
+from kvsim.traces.errors import TraceError, TraceWarning
+from kvsim.traces.fields import (
     CellError,
     parse_hash_ids,
     parse_token_ids,
@@ -42,7 +42,7 @@ from traces.fields import (
     time_parser,
     time_unit_seconds,
 )
-from traces.formats import (
+from kvsim.traces.formats import (
     AZURE,
     MOONCAKE,
     NAMED_FORMATS,
@@ -53,7 +53,7 @@ from traces.formats import (
     file_type_of,
     generic_format,
 )
-from traces.request import Request
+from kvsim.traces.request import Request
 
 ON_UNSORTED = ("sort", "error")
 

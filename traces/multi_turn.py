@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from traces.request import Request
+from kvsim.traces.request import Request
 
 LLAMA3_VOCAB = 128_256
 """Llama-3's vocabulary size: token ids are drawn uniformly below it (any large vocabulary

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from traces.request import Request
+from kvsim.traces.request import Request
 
 
 def plot_trace(requests: Iterable[Request], out_path: str | Path, *, title: str = "") -> Path:

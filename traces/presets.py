@@ -34,8 +34,8 @@ from functools import cache
 
 import numpy as np
 
-from traces.lengths import DiscreteLengths
-from traces.sharegpt_filter import MAX_PROMPT_TOKENS, MAX_TOTAL_TOKENS, MIN_TOKENS
+from kvsim.traces.lengths import DiscreteLengths
+from kvsim.traces.sharegpt_filter import MAX_PROMPT_TOKENS, MAX_TOTAL_TOKENS, MIN_TOKENS
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
-from traces.request import Request
-from traces.transforms import renumber
+from kvsim.traces.request import Request
+from kvsim.traces.transforms import renumber
 
 MIN_TOKENS = 4  # shortest prompt and shortest output kept
 MAX_PROMPT_TOKENS = 1024

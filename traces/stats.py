@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from traces.request import Request
+from kvsim.traces.request import Request
 
 
 def trace_stats(requests: Iterable[Request]) -> dict[str, float | int | None]:

@@ -13,7 +13,7 @@ import itertools
 import math
 from collections.abc import Iterable, Iterator
 
-from traces.request import Request
+from kvsim.traces.request import Request
 
 
 def renumber(requests: Iterable[Request]) -> Iterator[Request]:

@@ -23,12 +23,17 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from simulator.cost_model.base import BatchShape, CostModel
-from simulator.cost_model.calibration_profile import AffineFit, Profile, ProfileError, read_profile
-from simulator.cost_model.catalogue import GPUSpec, ModelSpec
-from simulator.cost_model.gemm_shapes import kv_heads_per_gpu, layer_gemms, lm_head_gemm
-from simulator.cost_model.operator_profile import profile_candidates
-from simulator.cost_model.roofline import RooflineParams, allreduce_coefficients
+from kvsim.simulator.cost_model.base import BatchShape, CostModel
+from kvsim.simulator.cost_model.calibration_profile import (
+    AffineFit,
+    Profile,
+    ProfileError,
+    read_profile,
+)
+from kvsim.simulator.cost_model.catalogue import GPUSpec, ModelSpec
+from kvsim.simulator.cost_model.gemm_shapes import kv_heads_per_gpu, layer_gemms, lm_head_gemm
+from kvsim.simulator.cost_model.operator_profile import profile_candidates
+from kvsim.simulator.cost_model.roofline import RooflineParams, allreduce_coefficients
 
 _CACHE_LIMIT = 65536  # memoised linear-layer times (distinct token counts) before a reset
 

@@ -61,7 +61,7 @@ from typing import Any
 
 import yaml
 
-from simulator.cost_model.yaml_reader import YamlReader
+from kvsim.simulator.cost_model.yaml_reader import YamlReader
 
 PROFILE_VERSION = 1
 

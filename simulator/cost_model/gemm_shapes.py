@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from simulator.cost_model.catalogue import MODELS, ModelSpec
+from kvsim.simulator.cost_model.catalogue import MODELS, ModelSpec
 
 TENSOR_PARALLEL_DEGREES = (1, 2, 4, 8)
 

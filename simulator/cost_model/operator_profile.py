@@ -43,7 +43,7 @@ from typing import Any
 
 import yaml
 
-from simulator.cost_model.yaml_reader import YamlReader
+from kvsim.simulator.cost_model.yaml_reader import YamlReader
 
 FORMAT_VERSION = 1
 ATTENTION_AXES = ("prefill_chunk", "kv_prefill", "n_decode", "kv_decode")

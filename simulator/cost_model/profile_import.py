@@ -44,7 +44,7 @@ from pathlib import Path
 
 import yaml
 
-from simulator.cost_model.operator_profile import (
+from kvsim.simulator.cost_model.operator_profile import (
     ATTENTION_AXES,
     PROFILES_DIR,
     AttentionGrid,

@@ -145,9 +145,9 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from simulator.cost_model.base import BatchShape, CostModel
-from simulator.cost_model.catalogue import GPUSpec, ModelSpec
-from simulator.cost_model.operator_profile import (
+from kvsim.simulator.cost_model.base import BatchShape, CostModel
+from kvsim.simulator.cost_model.catalogue import GPUSpec, ModelSpec
+from kvsim.simulator.cost_model.operator_profile import (
     AttentionGrid,
     OperatorProfile,
     OperatorProfileError,
@@ -155,7 +155,7 @@ from simulator.cost_model.operator_profile import (
     find_operator_profile,
     read_operator_profile,
 )
-from simulator.cost_model.roofline import (
+from kvsim.simulator.cost_model.roofline import (
     RooflineCostModel,
     RooflineParams,
     allreduce_coefficients,

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from simulator.cost_model.base import BatchShape, CostModel
-from simulator.cost_model.catalogue import PCIE, GPUSpec, ModelSpec
+from kvsim.simulator.cost_model.base import BatchShape, CostModel
+from kvsim.simulator.cost_model.catalogue import PCIE, GPUSpec, ModelSpec
 
 
 @dataclass(frozen=True)

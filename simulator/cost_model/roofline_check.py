@@ -1,6 +1,6 @@
 """The roofline checked against a measured operator profile, over the profile's own grid.
 
-    python -m simulator.cost_model.roofline_check [PROFILE] [--gpu rtx4090] [--model llama-3.1-8b]
+    python -m kvsim.simulator.cost_model.roofline_check [PROFILE] [--gpu rtx4090] [--model llama-3.1-8b]
                                                   [--efficiencies NAME] [--plot FILE.png] [--fit]
 
 For every measured attention point — decode batches (sequences x context), prefill chunks
@@ -21,14 +21,14 @@ import sys
 import warnings
 from dataclasses import dataclass
 
-from simulator.cost_model.base import BatchShape, causal_attention_pairs
-from simulator.cost_model.catalogue import GPUS, MODELS
-from simulator.cost_model.profiled import (
+from kvsim.simulator.cost_model.base import BatchShape, causal_attention_pairs
+from kvsim.simulator.cost_model.catalogue import GPUS, MODELS
+from kvsim.simulator.cost_model.profiled import (
     ProfiledCostModel,
     ProfileExtrapolationWarning,
     load_profile,
 )
-from simulator.cost_model.roofline import RooflineCostModel, RooflineParams, roofline_preset
+from kvsim.simulator.cost_model.roofline import RooflineCostModel, RooflineParams, roofline_preset
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ def plot(panels: dict[str, list[Point]], path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m simulator.cost_model.roofline_check", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m kvsim.simulator.cost_model.roofline_check", description=__doc__.split("\n")[0])
     p.add_argument("profile", nargs="?", default="rtx4090-llama-3.1-8b")
     p.add_argument("--gpu", default="rtx4090", choices=sorted(GPUS))
     p.add_argument("--model", default="llama-3.1-8b", choices=sorted(MODELS))
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     for kind, n, p5, med, p95, amed in error_table(points):
         print(f"{kind:8s} {n:5d} {p5:+8.1%} {med:+8.1%} {p95:+8.1%} {amed:9.1%}")
     if args.fit:
-        from simulator.cost_model.roofline_fit import (
+        from kvsim.simulator.cost_model.roofline_fit import (
             case_from_profile,
             fit_roofline,
             markdown_table,

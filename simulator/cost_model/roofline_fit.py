@@ -1,6 +1,6 @@
 """The roofline's efficiencies fitted to measured operator profiles, by least squares.
 
-    python -m simulator.cost_model.roofline_fit            # fit on every real shipped profile
+    python -m kvsim.simulator.cost_model.roofline_fit            # fit on every real shipped profile
 
 The roofline (``simulator.cost_model.roofline``) has four free constants that a profile's
 grid can pin down: the share of peak FLOP/s the GEMMs reach (``compute_efficiency``), the
@@ -41,15 +41,15 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from simulator.cost_model.base import BatchShape
-from simulator.cost_model.catalogue import GPUS, MODELS
-from simulator.cost_model.operator_profile import PROFILES_DIR, is_operator_profile
-from simulator.cost_model.profiled import (
+from kvsim.simulator.cost_model.base import BatchShape
+from kvsim.simulator.cost_model.catalogue import GPUS, MODELS
+from kvsim.simulator.cost_model.operator_profile import PROFILES_DIR, is_operator_profile
+from kvsim.simulator.cost_model.profiled import (
     ProfiledCostModel,
     ProfileExtrapolationWarning,
     load_profile,
 )
-from simulator.cost_model.roofline import (
+from kvsim.simulator.cost_model.roofline import (
     ROOFLINE_PRESETS,
     RooflineCostModel,
     RooflineParams,
@@ -90,7 +90,7 @@ class FitResult:
 
 def case_from_profile(name: str, gpu: str, model: str) -> FitCase:
     """The grid of a shipped (or path-named) operator profile, timed by its operators."""
-    from simulator.cost_model.roofline_check import grid_shapes
+    from kvsim.simulator.cost_model.roofline_check import grid_shapes
 
     prof = load_profile(name)
     profiled = ProfiledCostModel(prof, MODELS[model], GPUS[gpu])
@@ -226,7 +226,7 @@ def markdown_table(case: FitCase, before: RooflineParams, after: RooflineParams)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m simulator.cost_model.roofline_fit",
+    p = argparse.ArgumentParser(prog="python -m kvsim.simulator.cost_model.roofline_fit",
                                 description=__doc__.split("\n")[0])
     p.parse_args(argv)
     cases = real_profile_cases()

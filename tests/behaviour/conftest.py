@@ -16,15 +16,15 @@ from dataclasses import dataclass, field
 import pandas as pd
 import pytest
 
-from policies.contiguous_allocator import ContiguousAllocator
-from policies.kv_allocator import KVAllocator
-from policies.paged_allocator import PagedAllocator
-from simulator.cost_model.base import BatchShape, CostModel
-from simulator.engine import Simulation
-from simulator.latency_histogram import LatencyHistogram
-from simulator.metrics import summarize
-from simulator.scheduler import SchedulerSettings
-from traces import Request
+from kvsim.policies.contiguous_allocator import ContiguousAllocator
+from kvsim.policies.kv_allocator import KVAllocator
+from kvsim.policies.paged_allocator import PagedAllocator
+from kvsim.simulator.cost_model.base import BatchShape, CostModel
+from kvsim.simulator.engine import Simulation
+from kvsim.simulator.latency_histogram import LatencyHistogram
+from kvsim.simulator.metrics import summarize
+from kvsim.simulator.scheduler import SchedulerSettings
+from kvsim.traces import Request
 
 
 @dataclass

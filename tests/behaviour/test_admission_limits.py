@@ -4,11 +4,11 @@ holds the tokens it had generated). Swap-in is covered in ``test_swap``."""
 
 import pytest
 
-from policies.kv_allocator import Admission
-from policies.paged_allocator import PagedAllocator
-from simulator.config import ConfigError, validate_config
-from simulator.scheduler import Scheduler, SchedulerSettings
-from traces import Request
+from kvsim.policies.kv_allocator import Admission
+from kvsim.policies.paged_allocator import PagedAllocator
+from kvsim.simulator.config import ConfigError, validate_config
+from kvsim.simulator.scheduler import Scheduler, SchedulerSettings
+from kvsim.traces import Request
 
 
 @pytest.mark.parametrize("n, max_num_seqs", [(1, 2), (2, 3)])

@@ -18,8 +18,8 @@ import re
 
 import pytest
 
-from policies.contiguous_allocator import ContiguousAllocator, OutOfSlots
-from policies.kv_allocator import RunWeights
+from kvsim.policies.contiguous_allocator import ContiguousAllocator, OutOfSlots
+from kvsim.policies.kv_allocator import RunWeights
 
 
 def oracle(capacity: int = 64, swap: int = 0) -> ContiguousAllocator:

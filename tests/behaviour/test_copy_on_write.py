@@ -3,7 +3,7 @@ ever fit, and the copy time is part of the step that makes it."""
 
 import pytest
 
-from traces import Request
+from kvsim.traces import Request
 
 
 @pytest.mark.parametrize("num_blocks, status", [(3, "rejected"), (4, "finished")])

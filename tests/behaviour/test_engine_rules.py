@@ -17,14 +17,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from policies.kv_allocator import Admission
-from policies.paged_allocator import PagedAllocator
-from simulator.cost_model.base import BatchShape
-from simulator.engine import Router, Simulation, SimulationStalled, step_seconds
-from simulator.fast_path import FastPath, Lookahead, row_state
-from simulator.scheduler import Scheduler, SchedulerSettings, Step
-from simulator.step_log import StepLog
-from traces import Request
+from kvsim.policies.kv_allocator import Admission
+from kvsim.policies.paged_allocator import PagedAllocator
+from kvsim.simulator.cost_model.base import BatchShape
+from kvsim.simulator.engine import Router, Simulation, SimulationStalled, step_seconds
+from kvsim.simulator.fast_path import FastPath, Lookahead, row_state
+from kvsim.simulator.scheduler import Scheduler, SchedulerSettings, Step
+from kvsim.simulator.step_log import StepLog
+from kvsim.traces import Request
 
 
 def req(rid: int, t: float, prompt: int, output: int) -> Request:

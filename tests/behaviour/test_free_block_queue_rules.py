@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from policies.free_block_queue import FreeBlockQueue
+from kvsim.policies.free_block_queue import FreeBlockQueue
 
 
 def test_extend_puts_the_blocks_at_the_tail_in_order():

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from simulator.decoding import sample_targets
-from traces import Request
+from kvsim.simulator.decoding import sample_targets
+from kvsim.traces import Request
 
 
 @pytest.mark.parametrize("group", [{"n": 2}, {"beam_width": 2}])

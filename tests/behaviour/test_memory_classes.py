@@ -7,8 +7,8 @@ slot-seconds are the sum of its per-step values and can be counted on paper.
 
 import pytest
 
-from simulator.memory_classes import CLASSES
-from traces import Request
+from kvsim.simulator.memory_classes import CLASSES
+from kvsim.traces import Request
 
 
 def slot_seconds(steps, column):

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import pytest
 
-from policies.block_pool import OutOfBlocks
-from policies.kv_allocator import Admission, MemoryUsage, RunWeights
-from policies.paged_allocator import PagedAllocator
-from policies.v1_prefix_cache import V1PrefixCacheAllocator, block_identities
+from kvsim.policies.block_pool import OutOfBlocks
+from kvsim.policies.kv_allocator import Admission, MemoryUsage, RunWeights
+from kvsim.policies.paged_allocator import PagedAllocator
+from kvsim.policies.v1_prefix_cache import V1PrefixCacheAllocator, block_identities
 
 B = 4  # block size (slots) in every scenario here
 

@@ -19,8 +19,8 @@ import re
 
 import pytest
 
-from policies.radix_cache import RadixCacheAllocator, RadixTree, request_tokens
-from traces import Request
+from kvsim.policies.radix_cache import RadixCacheAllocator, RadixTree, request_tokens
+from kvsim.traces import Request
 
 
 def test_a_match_below_the_first_node_stops_at_the_limit():

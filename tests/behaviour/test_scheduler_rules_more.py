@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import pytest
 
-from traces import Request
+from kvsim.traces import Request
 
 ABORTS = [Request(0, 0.0, 2, 6), Request(1, 0.0, 1, 3, n=2), Request(2, 1.5, 1, 5)]
 SWAP_FULL = "CPU swap space exhausted"

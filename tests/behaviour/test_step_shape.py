@@ -3,10 +3,10 @@ but the new tokens still attend to them (their attention pairs are in the step s
 
 import pytest
 
-from policies.paged_allocator import PagedAllocator
-from simulator.cost_model.base import causal_attention_pairs
-from simulator.scheduler import Scheduler, SchedulerSettings, Step
-from traces import Request
+from kvsim.policies.paged_allocator import PagedAllocator
+from kvsim.simulator.cost_model.base import causal_attention_pairs
+from kvsim.simulator.scheduler import Scheduler, SchedulerSettings, Step
+from kvsim.traces import Request
 
 
 @pytest.mark.parametrize("prompt, cached, new, pairs", [

@@ -14,9 +14,9 @@ import math
 import pandas as pd
 import pytest
 
-from simulator.latency_histogram import LatencyHistogram
-from simulator.metrics import REQUEST_COLUMNS, summarize
-from simulator.step_log import StepTotals
+from kvsim.simulator.latency_histogram import LatencyHistogram
+from kvsim.simulator.metrics import REQUEST_COLUMNS, summarize
+from kvsim.simulator.step_log import StepTotals
 
 NAN = float("nan")
 ROWS = [  # in REQUEST_COLUMNS order

@@ -5,11 +5,11 @@ from dataclasses import replace
 
 import pytest
 
-from policies.contiguous_allocator import ContiguousAllocator
-from policies.paged_allocator import PagedAllocator
-from simulator.scheduler import Scheduler, SchedulerSettings, Step
-from simulator.sequence import Status
-from traces import Request
+from kvsim.policies.contiguous_allocator import ContiguousAllocator
+from kvsim.policies.paged_allocator import PagedAllocator
+from kvsim.simulator.scheduler import Scheduler, SchedulerSettings, Step
+from kvsim.simulator.sequence import Status
+from kvsim.traces import Request
 
 # Swap cost of the fake model: 1/4 s per block plus 1/16 s per slot.
 PER_BLOCK, PER_SLOT = 0.25, 0.0625

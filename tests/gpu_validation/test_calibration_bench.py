@@ -12,8 +12,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from gpu_validation import bench  # noqa: E402
-from simulator.cost_model.calibration_profile import read_profile  # noqa: E402
+from kvsim.gpu_validation import bench  # noqa: E402
+from kvsim.simulator.cost_model.calibration_profile import read_profile  # noqa: E402
 
 REPO = Path(__file__).parents[2]
 
@@ -85,17 +85,17 @@ def test_gpu_validation_needs_no_simulator_simpy_or_pydantic():
     """
     code = """
 import importlib, pkgutil, sys
-ALLOWED = ("simulator", "simulator.cost_model")
+ALLOWED = ("kvsim.simulator", "kvsim.simulator.cost_model")
 class Block:
     def find_spec(self, name, path=None, target=None):
         top = name.split(".")[0]
-        inside = name in ALLOWED or name.startswith("simulator.cost_model.")
-        if top in ("simpy", "pydantic", "pandas", "rich") or (top == "simulator" and not inside):
+        inside = name in ALLOWED or name.startswith("kvsim.simulator.cost_model.")
+        if top in ("simpy", "pydantic", "pandas", "rich") or (name.startswith("kvsim.simulator") and not inside):
             raise ImportError(f"{name} must not be imported by gpu_validation")
 sys.meta_path.insert(0, Block())
-import gpu_validation
+from kvsim import gpu_validation
 for m in pkgutil.iter_modules(gpu_validation.__path__):
-    importlib.import_module(f"gpu_validation.{m.name}")
+    importlib.import_module(f"kvsim.gpu_validation.{m.name}")
 print("ok")
 """
     env = {**os.environ, "TRITON_INTERPRET": "1"}

@@ -3,14 +3,14 @@
 import numpy as np
 import pytest
 
-from gpu_validation.fitting import (
+from kvsim.gpu_validation.fitting import (
     build_profile,
     fit_decode,
     fit_transfer,
     nonneg_relative_lstsq,
 )
-from gpu_validation.report import hbm_peak_from_name, summarize
-from simulator.cost_model.calibration_profile import ProfileMetadata
+from kvsim.gpu_validation.report import hbm_peak_from_name, summarize
+from kvsim.simulator.cost_model.calibration_profile import ProfileMetadata
 
 
 def test_decode_fit_recovers_generating_coefficients():

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpu_validation.synthetic_profile import EXAMPLE_PATH, synthetic_profile
-from simulator.cost_model.calibration_profile import (
+from kvsim.gpu_validation.synthetic_profile import EXAMPLE_PATH, synthetic_profile
+from kvsim.simulator.cost_model.calibration_profile import (
     GemmTable,
     ProfileError,
     read_profile,
@@ -31,7 +31,7 @@ def test_example_profile_is_marked_synthetic_and_complete():
 
 
 def test_committed_example_matches_its_generator():
-    """The example must be reproducible: `python -m gpu_validation.synthetic_profile`."""
+    """The example must be reproducible: `python -m kvsim.gpu_validation.synthetic_profile`."""
     assert read_profile(EXAMPLE_PATH) == synthetic_profile()
 
 
@@ -44,7 +44,7 @@ def test_round_trip(tmp_path):
 
 def test_profile_reader_needs_neither_torch_nor_numpy():
     code = (
-        "import sys, simulator.cost_model.calibration_profile as m; m.read_profile(sys.argv[1]);"
+        "import sys, kvsim.simulator.cost_model.calibration_profile as m; m.read_profile(sys.argv[1]);"
         "assert 'torch' not in sys.modules and 'numpy' not in sys.modules, sorted(sys.modules)"
     )
     subprocess.run(

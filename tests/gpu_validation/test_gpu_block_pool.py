@@ -5,10 +5,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from gpu_validation.block_copy import copy_blocks  # noqa: E402
-from gpu_validation.gpu_block_pool import GPUBlockPool, _runs  # noqa: E402
-from gpu_validation.paged_attention import DecodeConfig, paged_decode_attention  # noqa: E402
-from gpu_validation.reference import reference_paged_decode_attention  # noqa: E402
+from kvsim.gpu_validation.block_copy import copy_blocks  # noqa: E402
+from kvsim.gpu_validation.gpu_block_pool import GPUBlockPool, _runs  # noqa: E402
+from kvsim.gpu_validation.paged_attention import DecodeConfig, paged_decode_attention  # noqa: E402
+from kvsim.gpu_validation.reference import reference_paged_decode_attention  # noqa: E402
 
 LAYERS, BLOCKS, HEADS, DIM = 3, 24, 2, 16
 

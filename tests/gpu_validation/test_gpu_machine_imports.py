@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from simulator.cost_model.calibration_profile import read_profile
+from kvsim.simulator.cost_model.calibration_profile import read_profile
 
 REPO = Path(__file__).resolve().parents[2]
 NOT_ON_THE_GPU_MACHINE = ("simpy", "pydantic", "pandas", "matplotlib", "rich", "pyarrow")
@@ -56,17 +56,16 @@ def test_gpu_validation_imports_nothing_the_gpu_machine_lacks(gpu_machine_env):
     """Every gpu_validation module imports with the project found only through PYTHONPATH."""
     code = (
         "import importlib, json, pkgutil, sys\n"
-        "import gpu_validation\n"
-        "names = [m.name for m in pkgutil.iter_modules(gpu_validation.__path__, 'gpu_validation.')]\n"
+        "from kvsim import gpu_validation\n"
+        "names = [m.name for m in pkgutil.iter_modules(gpu_validation.__path__, 'kvsim.gpu_validation.')]\n"
         "for name in names:\n"
         "    importlib.import_module(name)\n"
-        "roots = {'gpu_validation', 'simulator', 'policies', 'traces'}\n"
-        "mods = {n: m for n, m in sys.modules.items() if n.split('.')[0] in roots}\n"
+        "mods = {n: m for n, m in sys.modules.items() if n.split('.')[0] == 'kvsim'}\n"
         "where = [p for m in mods.values() for p in ([m.__file__] if m.__file__ else m.__path__)]\n"
         "assert all(p.startswith(sys.argv[1]) for p in where), ('not from the checkout', where)\n"
         f"blocked = {NOT_ON_THE_GPU_MACHINE!r}\n"
         "assert not [n for n in sys.modules if n.split('.')[0] in blocked]\n"
-        "print(json.dumps([len(names), sorted(n for n in mods if n.split('.')[0] == 'simulator')]))\n"
+        "print(json.dumps([len(names), sorted(n for n in mods if n.startswith('kvsim.simulator'))]))\n"
     )
     env = {**gpu_machine_env, "PYTHONPATH": f"{REPO}{os.pathsep}{gpu_machine_env['PYTHONPATH']}"}
     done = subprocess.run(
@@ -76,8 +75,8 @@ def test_gpu_validation_imports_nothing_the_gpu_machine_lacks(gpu_machine_env):
     count, simulator_modules = json.loads(done.stdout)
     assert count >= 10  # bench, measurements, correctness, paged_attention, ...
     # from the simulator, only plain-Python cost_model modules (DESIGN.md "Layout and layering")
-    assert "simulator.cost_model.calibration_profile" in simulator_modules
-    assert {n for n in simulator_modules if not n.startswith("simulator.cost_model")} <= {"simulator"}
+    assert "kvsim.simulator.cost_model.calibration_profile" in simulator_modules
+    assert {n for n in simulator_modules if not n.startswith("kvsim.simulator.cost_model")} <= {"kvsim.simulator"}
 
 
 def test_run_h200_script_runs_its_cpu_path_without_the_simulator_dependencies(

@@ -15,8 +15,8 @@ pytest.importorskip("triton")
 SCRIPT = """
 import json
 from dataclasses import asdict
-from gpu_validation.ahead_of_time import compile_decode, facts
-from gpu_validation.paged_attention import DecodeConfig
+from kvsim.gpu_validation.ahead_of_time import compile_decode, facts
+from kvsim.gpu_validation.paged_attention import DecodeConfig
 out = {}
 for name, cfg, kw in [
     ("paged", DecodeConfig(64, 4, 3), dict(paged=True)),

@@ -7,13 +7,13 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from gpu_validation.paged_attention import (  # noqa: E402
+from kvsim.gpu_validation.paged_attention import (  # noqa: E402
     DecodeConfig,
     choose_num_splits,
     contiguous_decode_attention,
     paged_decode_attention,
 )
-from gpu_validation.reference import (  # noqa: E402
+from kvsim.gpu_validation.reference import (  # noqa: E402
     reference_contiguous_decode_attention,
     reference_paged_decode_attention,
 )

@@ -7,14 +7,14 @@ import sys
 import pytest
 import yaml
 
-from simulator.cli import main as kvsim
-from simulator.cost_model.operator_profile import (
+from kvsim.simulator.cli import main as kvsim
+from kvsim.simulator.cost_model.operator_profile import (
     PROFILES_DIR,
     OperatorProfileError,
     read_operator_profile,
     write_operator_profile,
 )
-from simulator.cost_model.profile_import import (
+from kvsim.simulator.cost_model.profile_import import (
     BundleError,
     convert,
     import_bundle,
@@ -176,9 +176,9 @@ def test_import_code_and_profiled_model_stay_light():
     """The importer needs neither simpy nor pydantic; the profiled model no gpu_validation or torch."""
     code = (
         "import sys\n"
-        "import simulator.cost_model.profile_import\n"
+        "import kvsim.simulator.cost_model.profile_import\n"
         "assert not {'simpy', 'pydantic', 'torch', 'numpy'} & set(sys.modules), sys.modules.keys()\n"
-        "import simulator.cost_model.profiled\n"
+        "import kvsim.simulator.cost_model.profiled\n"
         "heavy = ('torch', 'triton', 'simpy', 'pydantic', 'gpu_validation')\n"
         "assert not {m for m in sys.modules if m.split('.')[0] in heavy}, sys.modules.keys()\n"
     )

@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "reference"))  # ref_cases, r
 import ref_compare  # noqa: E402
 from ref_cases import BLOCK_SIZES, base_config, workloads  # noqa: E402
 
-from policies.example_first_fit_paged import FirstFitPagedAllocator  # noqa: E402
-from policies.kv_allocator import Admission, BasicAllocator, KVAllocator  # noqa: E402
+from kvsim.policies.example_first_fit_paged import FirstFitPagedAllocator  # noqa: E402
+from kvsim.policies.kv_allocator import Admission, BasicAllocator, KVAllocator  # noqa: E402
 
 
 def test_the_basic_protocol_is_small():

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies.block_pool import OutOfBlocks, QueuedBlockPool
-from policies.free_block_queue import FreeBlockQueue
-from policies.v1_prefix_cache import V1PrefixCacheAllocator
+from kvsim.policies.block_pool import OutOfBlocks, QueuedBlockPool
+from kvsim.policies.free_block_queue import FreeBlockQueue
+from kvsim.policies.v1_prefix_cache import V1PrefixCacheAllocator
 
 
 def test_queue_is_fifo_with_removal_from_the_middle():

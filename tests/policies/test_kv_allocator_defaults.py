@@ -15,12 +15,12 @@ from dataclasses import dataclass
 
 import pytest
 
-from policies.example_first_fit_paged import FirstFitPagedAllocator
-from policies.kv_allocator import BasicAllocator, KVAllocator, RunWeights
-from simulator.cost_model.base import BatchShape, CostModel
-from simulator.engine import Simulation
-from simulator.scheduler import SchedulerSettings
-from traces import Request
+from kvsim.policies.example_first_fit_paged import FirstFitPagedAllocator
+from kvsim.policies.kv_allocator import BasicAllocator, KVAllocator, RunWeights
+from kvsim.simulator.cost_model.base import BatchShape, CostModel
+from kvsim.simulator.engine import Simulation
+from kvsim.simulator.scheduler import SchedulerSettings
+from kvsim.traces import Request
 
 BASIC_DEFAULTS = ["free_slots", "fork_into", "copy_into", "can_swap_out", "swap_out", "check_swap_in", "swap_in"]
 LOCKSTEP_DEFAULTS = ["try_append_all", "resident_kv", "max_advance_all", "advance_all"]

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies.block_pool import OutOfBlocks
-from policies.kv_allocator import Admission, RunWeights
-from policies.paged_allocator import PagedAllocator, blocks_for, blocks_to_grow, common_prefix
+from kvsim.policies.block_pool import OutOfBlocks
+from kvsim.policies.kv_allocator import Admission, RunWeights
+from kvsim.policies.paged_allocator import PagedAllocator, blocks_for, blocks_to_grow, common_prefix
 
 
 def test_new_block_only_when_last_is_full():

@@ -3,8 +3,8 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies.kv_allocator import Admission
-from policies.paged_allocator import PagedAllocator
+from kvsim.policies.kv_allocator import Admission
+from kvsim.policies.paged_allocator import PagedAllocator
 
 
 def contents(tag, n):

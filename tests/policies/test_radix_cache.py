@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies.radix_cache import RadixCacheAllocator, RadixTree, request_tokens
-from traces import Request
+from kvsim.policies.radix_cache import RadixCacheAllocator, RadixTree, request_tokens
+from kvsim.traces import Request
 
 
 class Model:

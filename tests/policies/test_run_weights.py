@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies.kv_allocator import RunWeights
+from kvsim.policies.kv_allocator import RunWeights
 
 
 @settings(max_examples=100, deadline=None)

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies.slot_space import (
+from kvsim.policies.slot_space import (
     PLACEMENTS,
     BestFitSpace,
     BuddySpace,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from traces import Request
+from kvsim.traces import Request
 
 SLOTS_PER_GIB = 2048  # Llama-2-7B: 2 (K, V) x 32 layers x 4096 x 2 bytes = 0.5 MiB per token
 BLOCK_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256]

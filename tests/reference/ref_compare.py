@@ -19,12 +19,12 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from simulator.config import ExperimentConfig
-from simulator.engine import Simulation, SimulationStalled
-from simulator.memory_classes import CLASSES
-from simulator.reference import COUNTERS, ReferenceStalled, simulate
-from simulator.runner import make_allocator_factory, make_cost_factory, scheduler_settings
-from traces import Request
+from kvsim.simulator.config import ExperimentConfig
+from kvsim.simulator.engine import Simulation, SimulationStalled
+from kvsim.simulator.memory_classes import CLASSES
+from kvsim.simulator.reference import COUNTERS, ReferenceStalled, simulate
+from kvsim.simulator.runner import make_allocator_factory, make_cost_factory, scheduler_settings
+from kvsim.traces import Request
 
 EXACT_COLUMNS = (
     "status",

@@ -25,8 +25,8 @@ from ref_cases import (
 )
 from ref_compare import assert_same, case_source, differences, run_fast
 
-from simulator.config import ExperimentConfig
-from traces import Request
+from kvsim.simulator.config import ExperimentConfig
+from kvsim.traces import Request
 
 POLICIES = ("lru", "lfu", "fifo", "arc", "priority")
 # KVSIM_HYPOTHESIS_PROFILE=long (as the main differential tests) runs many more cases.

@@ -32,13 +32,18 @@ from ref_cases import (
 )
 from ref_compare import assert_same, case_source, differences
 
-from policies.reference_paged import ReferenceFreeQueueAllocator
-from policies.reference_radix import EVICTION_KEYS
-from simulator import reference_sglang
-from simulator.config import ExperimentConfig
-from simulator.cost_model.roofline import RooflineCostModel
-from simulator.reference import ReferenceReplica, ReferenceStalled, ReferenceV1Replica, simulate
-from traces import Request
+from kvsim.policies.reference_paged import ReferenceFreeQueueAllocator
+from kvsim.policies.reference_radix import EVICTION_KEYS
+from kvsim.simulator import reference_sglang
+from kvsim.simulator.config import ExperimentConfig
+from kvsim.simulator.cost_model.roofline import RooflineCostModel
+from kvsim.simulator.reference import (
+    ReferenceReplica,
+    ReferenceStalled,
+    ReferenceV1Replica,
+    simulate,
+)
+from kvsim.traces import Request
 
 PROFILES = {"default": 60, "long": 3000}
 PROFILE = os.environ.get("KVSIM_HYPOTHESIS_PROFILE", "default")

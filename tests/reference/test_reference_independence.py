@@ -10,11 +10,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ref_cases import cases, sglang_cases, sglang_pressure_cases, v1_cases
 
-from simulator.config import ExperimentConfig
-from simulator.reference import ReferenceReplica, ReferenceV1Replica, simulate
-from simulator.reference_sglang import ReferenceSGLangReplica
+import kvsim
+from kvsim.simulator.config import ExperimentConfig
+from kvsim.simulator.reference import ReferenceReplica, ReferenceV1Replica, simulate
+from kvsim.simulator.reference_sglang import ReferenceSGLangReplica
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(kvsim.__file__).parent  # the package's folders: the checkout's, or mutmut's copies
 REFERENCE = (
     "simulator/reference.py",
     "policies/reference_paged.py",
@@ -25,26 +26,26 @@ REFERENCE = (
 )
 #: The fast path's machinery: clocks, buckets, lazy tables, closed forms, folded logs.
 FAST = (
-    "simulator.engine",
-    "simulator.scheduler",
-    "simulator.scheduler_v1",
-    "simulator.scheduler_sglang",
-    "simulator.step_log",
-    "simulator.latency_histogram",
-    "simulator.memory_classes",
-    "simulator.metrics",
-    "simulator.runner",
-    "simulator.sequence",
-    "policies.paged_allocator",
-    "policies.contiguous_allocator",
-    "policies.slot_space",
-    "policies.block_pool",
-    "policies.kv_allocator",
-    "policies.reservation",
-    "policies.radix_cache",
-    "policies.v1_prefix_cache",
-    "policies.eviction_order",
-    "policies.free_block_queue",
+    "kvsim.simulator.engine",
+    "kvsim.simulator.scheduler",
+    "kvsim.simulator.scheduler_v1",
+    "kvsim.simulator.scheduler_sglang",
+    "kvsim.simulator.step_log",
+    "kvsim.simulator.latency_histogram",
+    "kvsim.simulator.memory_classes",
+    "kvsim.simulator.metrics",
+    "kvsim.simulator.runner",
+    "kvsim.simulator.sequence",
+    "kvsim.policies.paged_allocator",
+    "kvsim.policies.contiguous_allocator",
+    "kvsim.policies.slot_space",
+    "kvsim.policies.block_pool",
+    "kvsim.policies.kv_allocator",
+    "kvsim.policies.reservation",
+    "kvsim.policies.radix_cache",
+    "kvsim.policies.v1_prefix_cache",
+    "kvsim.policies.eviction_order",
+    "kvsim.policies.free_block_queue",
 )
 
 
@@ -69,9 +70,9 @@ def test_reference_imports_none_of_the_fast_machinery():
 def test_the_import_check_sees_a_forbidden_import(tmp_path):
     planted = tmp_path / "x.py"
     planted.write_text(
-        "from simulator.scheduler import Scheduler\nimport policies.paged_allocator\n"
+        "from kvsim.simulator.scheduler import Scheduler\nimport kvsim.policies.paged_allocator\n"
     )
-    assert {"simulator.scheduler", "policies.paged_allocator"} <= imported_modules(planted)
+    assert {"kvsim.simulator.scheduler", "kvsim.policies.paged_allocator"} <= imported_modules(planted)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -104,8 +105,8 @@ def test_reference_allocators_balance_their_books_after_every_step(case):
 def test_an_sglang_config_runs_under_the_reference_sglang_rules():
     """An sglang config must not silently run under the reference's v0 rules: its replicas
     are ReferenceSGLangReplica over the reference radix cache, with the config's settings."""
-    from policies.reference_radix import ReferenceRadixCache
-    from simulator.reference import ReferenceSimulation
+    from kvsim.policies.reference_radix import ReferenceRadixCache
+    from kvsim.simulator.reference import ReferenceSimulation
 
     cfg = ExperimentConfig.model_validate({
         "model": {"name": "llama-2-7b"}, "hardware": {"gpu": "a100-80gb", "kv_cache_gib": 1},

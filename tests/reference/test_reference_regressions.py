@@ -15,11 +15,11 @@ import pytest
 from ref_cases import base_config
 from ref_compare import assert_same
 
-from simulator.config import ExperimentConfig, load_config
-from simulator.reference import simulate
-from simulator.runner import make_cost_factory
-from simulator.workload import build_requests
-from traces import Request
+from kvsim.simulator.config import ExperimentConfig, load_config
+from kvsim.simulator.reference import simulate
+from kvsim.simulator.runner import make_cost_factory
+from kvsim.simulator.workload import build_requests
+from kvsim.traces import Request
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 

@@ -16,9 +16,9 @@ import pytest
 from ref_cases import base_config
 from ref_compare import assert_same
 
-from simulator.config import ExperimentConfig
-from simulator.reference import ReferenceV1Replica, simulate
-from traces import Request
+from kvsim.simulator.config import ExperimentConfig
+from kvsim.simulator.reference import ReferenceV1Replica, simulate
+from kvsim.traces import Request
 
 
 def v1_config(max_len: int, kv_slots: int, block_size: int, budget: int, **scheduler) -> dict:

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from simulator.config import ConfigError, load_config
+from kvsim.simulator.config import ConfigError, load_config
 
 # A small experiment every config test starts from; ``{extra}`` adds or overrides sections.
 CONFIG = """\

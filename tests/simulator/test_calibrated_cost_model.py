@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpu_validation.synthetic_profile import EXAMPLE_PATH
-from simulator.cost_model import GPUS, MODELS, BatchShape, RooflineCostModel, RooflineParams
-from simulator.cost_model.base import causal_attention_pairs
-from simulator.cost_model.calibrated import CalibratedCostModel, load_profile_for
-from simulator.cost_model.calibration_profile import ProfileError, read_profile, write_profile
-from simulator.cost_model.gemm_shapes import layer_gemms
+from kvsim.gpu_validation.synthetic_profile import EXAMPLE_PATH
+from kvsim.simulator.cost_model import GPUS, MODELS, BatchShape, RooflineCostModel, RooflineParams
+from kvsim.simulator.cost_model.base import causal_attention_pairs
+from kvsim.simulator.cost_model.calibrated import CalibratedCostModel, load_profile_for
+from kvsim.simulator.cost_model.calibration_profile import ProfileError, read_profile, write_profile
+from kvsim.simulator.cost_model.gemm_shapes import layer_gemms
 
 RAW = yaml.safe_load(EXAMPLE_PATH.read_text())
 NO_OVERHEAD = RooflineParams(step_overhead_s=0.0)
@@ -123,7 +123,7 @@ def test_close_to_roofline_built_from_the_same_datasheet(profile):
     """The example profile is a roofline of A100 specs at similar efficiencies to the
     hand-picked ones (the defaults before issue 18's fit): a decode-heavy step must land near
     that roofline's prediction."""
-    from simulator.cost_model.roofline import ROOFLINE_PRESETS
+    from kvsim.simulator.cost_model.roofline import ROOFLINE_PRESETS
 
     shape = BatchShape(decode_seqs=128, decode_context=128 * 1500)
     calibrated = model(profile, name="llama-2-7b").step_time(shape)
@@ -207,5 +207,5 @@ def test_every_catalogue_model_runs_on_the_example_profile(profile):
 
 
 def test_simulator_side_imports_no_torch():
-    code = "import sys, simulator.cost_model.calibrated; assert 'torch' not in sys.modules and 'triton' not in sys.modules"
+    code = "import sys, kvsim.simulator.cost_model.calibrated; assert 'torch' not in sys.modules and 'triton' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[2])

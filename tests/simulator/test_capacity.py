@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from simulator.capacity import (
+from kvsim.simulator.capacity import (
     block_bytes_per_gpu,
     estimated_peak_activation_bytes,
     memory_budget,
     weight_bytes_per_gpu,
 )
-from simulator.config import ConfigError, validate_config
-from simulator.cost_model.catalogue import GPUS, MODELS, GiB
-from simulator.runner import run_experiment
+from kvsim.simulator.config import ConfigError, validate_config
+from kvsim.simulator.cost_model.catalogue import GPUS, MODELS, GiB
+from kvsim.simulator.runner import run_experiment
 
 LLAMA = MODELS["llama-3.1-8b"]
 RTX4090_TOTAL = 25_250_627_584

@@ -14,8 +14,8 @@ import time
 import pytest
 import yaml
 
-from simulator.cli import main
-from simulator.config import MAX_YAML_NODES, ConfigError, load_config
+from kvsim.simulator.cli import main
+from kvsim.simulator.config import MAX_YAML_NODES, ConfigError, load_config
 
 TINY = {
     "name": "tiny",
@@ -225,7 +225,7 @@ def test_running_out_of_memory_is_one_line(tmp_path, monkeypatch, capsys):
     def huge(*args, **kwargs):
         raise MemoryError
 
-    monkeypatch.setattr("simulator.runner.run_experiment", huge)
+    monkeypatch.setattr("kvsim.simulator.runner.run_experiment", huge)
     assert main(["run", "ok.yaml", "--no-plot", "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: out of memory")

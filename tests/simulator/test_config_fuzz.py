@@ -11,7 +11,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from simulator.config import ConfigError, ExperimentConfig, load_config
+from kvsim.simulator.config import ConfigError, ExperimentConfig, load_config
 
 SECTIONS = [k for k in ExperimentConfig.model_fields]
 KEYS = sorted({k for f in ExperimentConfig.model_fields.values()
@@ -75,7 +75,7 @@ def _resolved_base() -> dict:
 
 
 def load_config_dict(raw: dict) -> dict:
-    from simulator.config import validate_config
+    from kvsim.simulator.config import validate_config
 
     return validate_config(raw).model_dump(mode="json")
 
@@ -109,7 +109,7 @@ def test_a_valid_config_with_random_values_loads_or_raises_one_line_config_error
 def test_random_overrides_apply_or_raise_one_line_config_error(key, value):
     import copy
 
-    from simulator.config import validate_config
+    from kvsim.simulator.config import validate_config
 
     try:
         validate_config(copy.deepcopy(BASE), overrides=[f"{key}={value}"])

@@ -2,11 +2,11 @@
 
 import pytest
 
-from simulator.capacity import kv_slots
-from simulator.cost_model import GPUS, MODELS, BatchShape, RooflineCostModel, RooflineParams
-from simulator.cost_model.base import causal_attention_pairs
-from simulator.cost_model.catalogue import GiB
-from simulator.cost_model.roofline import paged_kernel_factor
+from kvsim.simulator.capacity import kv_slots
+from kvsim.simulator.cost_model import GPUS, MODELS, BatchShape, RooflineCostModel, RooflineParams
+from kvsim.simulator.cost_model.base import causal_attention_pairs
+from kvsim.simulator.cost_model.catalogue import GiB
+from kvsim.simulator.cost_model.roofline import paged_kernel_factor
 
 NOMINAL_PARAMS = {  # published parameter counts (billions)
     "opt-13b": 12.85, "opt-66b": 65.7, "opt-175b": 174.6, "llama-2-7b": 6.74,

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from simulator.decoding import beam_parent_counts, prefix_contents, sample_targets
-from traces import Request
+from kvsim.simulator.decoding import beam_parent_counts, prefix_contents, sample_targets
+from kvsim.traces import Request
 
 
 @pytest.mark.parametrize("concentration", [0.0, 1.0, 3.0])

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 from scheduler_cases import assert_round_trips, config, config_error
 
-from policies.paged_allocator import PagedAllocator
-from policies.radix_cache import RadixCacheAllocator
-from policies.v1_prefix_cache import V1PrefixCacheAllocator
-from simulator.config import load_config
-from simulator.runner import make_allocator_factory
+from kvsim.policies.paged_allocator import PagedAllocator
+from kvsim.policies.radix_cache import RadixCacheAllocator
+from kvsim.policies.v1_prefix_cache import V1PrefixCacheAllocator
+from kvsim.simulator.config import load_config
+from kvsim.simulator.runner import make_allocator_factory
 
 
 @pytest.mark.parametrize(("extra", "says"), [

@@ -8,13 +8,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scheduler_cases import step
 
-from policies.paged_allocator import PagedAllocator
-from policies.radix_cache import RadixCacheAllocator
-from policies.v1_prefix_cache import V1PrefixCacheAllocator
-from simulator.scheduler import Scheduler, SchedulerSettings
-from simulator.scheduler_sglang import SchedulerSGLang, SGLangSettings
-from simulator.scheduler_v1 import SchedulerV1
-from traces import Request
+from kvsim.policies.paged_allocator import PagedAllocator
+from kvsim.policies.radix_cache import RadixCacheAllocator
+from kvsim.policies.v1_prefix_cache import V1PrefixCacheAllocator
+from kvsim.simulator.scheduler import Scheduler, SchedulerSettings
+from kvsim.simulator.scheduler_sglang import SchedulerSGLang, SGLangSettings
+from kvsim.simulator.scheduler_v1 import SchedulerV1
+from kvsim.traces import Request
 
 B = 4  # slots per block (page)
 

@@ -10,14 +10,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from policies.kv_allocator import RunWeights
-from policies.paged_allocator import PagedAllocator
-from simulator import engine
-from simulator.cost_model import GPUS, MODELS, RooflineCostModel
-from simulator.fast_path import INF, FastPath, Lookahead, RunEnd, plan_weights
-from simulator.scheduler import Scheduler, SchedulerSettings, Step
-from simulator.step_log import StepLog
-from traces import Request
+from kvsim.policies.kv_allocator import RunWeights
+from kvsim.policies.paged_allocator import PagedAllocator
+from kvsim.simulator import engine
+from kvsim.simulator.cost_model import GPUS, MODELS, RooflineCostModel
+from kvsim.simulator.fast_path import INF, FastPath, Lookahead, RunEnd, plan_weights
+from kvsim.simulator.scheduler import Scheduler, SchedulerSettings, Step
+from kvsim.simulator.step_log import StepLog
+from kvsim.traces import Request
 
 
 class AffineCost:

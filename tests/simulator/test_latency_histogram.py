@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator.latency_histogram import LatencyHistogram
+from kvsim.simulator.latency_histogram import LatencyHistogram
 
 
 def test_quantiles_within_a_tenth_of_a_percent_and_exact_mean():

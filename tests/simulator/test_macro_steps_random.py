@@ -6,14 +6,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from policies.contiguous_allocator import ContiguousAllocator
-from policies.paged_allocator import PagedAllocator
-from simulator.cost_model import GPUS, MODELS, RooflineCostModel
-from simulator.engine import Simulation
-from simulator.memory_classes import CLASSES
-from simulator.metrics import summarize
-from simulator.scheduler import SchedulerSettings
-from traces import Request
+from kvsim.policies.contiguous_allocator import ContiguousAllocator
+from kvsim.policies.paged_allocator import PagedAllocator
+from kvsim.simulator.cost_model import GPUS, MODELS, RooflineCostModel
+from kvsim.simulator.engine import Simulation
+from kvsim.simulator.memory_classes import CLASSES
+from kvsim.simulator.metrics import summarize
+from kvsim.simulator.scheduler import SchedulerSettings
+from kvsim.traces import Request
 
 ALLOCATORS = {
     "paged-1": lambda: PagedAllocator(3000, 1, swap_blocks=1500),

@@ -4,9 +4,15 @@ import random
 
 import pytest
 
-from policies.paged_allocator import PagedAllocator
-from simulator.cost_model import GPUS, MODELS, BatchShape, RooflineCostModel, causal_attention_pairs
-from traces import Request
+from kvsim.policies.paged_allocator import PagedAllocator
+from kvsim.simulator.cost_model import (
+    GPUS,
+    MODELS,
+    BatchShape,
+    RooflineCostModel,
+    causal_attention_pairs,
+)
+from kvsim.traces import Request
 
 
 def heavy(count=200, seed=0, **extra):
@@ -74,7 +80,7 @@ def test_multi_sequence_group_without_swap_space_is_aborted_with_reason(simulate
 
 
 def test_swapped_groups_come_back_oldest_first():
-    from simulator.scheduler import Scheduler, SchedulerSettings
+    from kvsim.simulator.scheduler import Scheduler, SchedulerSettings
 
     s = Scheduler(PagedAllocator(30, 4, swap_blocks=60), SchedulerSettings(max_seq_len=4096, watermark=0.0,
                                                                            preemption="swap"), lambda g: None)
@@ -118,8 +124,8 @@ def test_recompute_pays_the_prefill_again(simulate):
 
 
 def test_overlapping_swaps_with_compute_never_slows_a_step(simulate):
-    from simulator.engine import Simulation
-    from simulator.scheduler import SchedulerSettings
+    from kvsim.simulator.engine import Simulation
+    from kvsim.simulator.scheduler import SchedulerSettings
 
     reqs = heavy(150, seed=3)
     finish = {}

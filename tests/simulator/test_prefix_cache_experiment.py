@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from simulator.prefix_cache_experiment import (
+from kvsim.simulator.prefix_cache_experiment import (
     CONFIG_DIR,
     SYSTEMS,
     WORKLOADS,
@@ -14,7 +14,7 @@ from simulator.prefix_cache_experiment import (
     plot_comparison,
     run_comparison,
 )
-from simulator.sweep import expand_points, load_sweep, validate_points
+from kvsim.simulator.sweep import expand_points, load_sweep, validate_points
 
 
 @pytest.fixture(scope="module")

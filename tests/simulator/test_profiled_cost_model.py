@@ -17,12 +17,16 @@ import numpy as np
 import pytest
 import yaml
 
-from policies.paged_allocator import PagedAllocator
-from simulator.config import ConfigError, validate_config
-from simulator.cost_model import GPUS, MODELS, BatchShape
-from simulator.cost_model.base import causal_attention_pairs
-from simulator.cost_model.operator_profile import PROFILES_DIR, AttentionGrid, OperatorProfileError
-from simulator.cost_model.profiled import (
+from kvsim.policies.paged_allocator import PagedAllocator
+from kvsim.simulator.config import ConfigError, validate_config
+from kvsim.simulator.cost_model import GPUS, MODELS, BatchShape
+from kvsim.simulator.cost_model.base import causal_attention_pairs
+from kvsim.simulator.cost_model.operator_profile import (
+    PROFILES_DIR,
+    AttentionGrid,
+    OperatorProfileError,
+)
+from kvsim.simulator.cost_model.profiled import (
     ProfiledCostModel,
     ProfileExtrapolationWarning,
     bracket,
@@ -32,12 +36,12 @@ from simulator.cost_model.profiled import (
     lerp,
     load_profile,
 )
-from simulator.engine import Simulation
-from simulator.memory_classes import CLASSES
-from simulator.metrics import summarize
-from simulator.runner import run_experiment
-from simulator.scheduler import SchedulerSettings
-from traces import Request
+from kvsim.simulator.engine import Simulation
+from kvsim.simulator.memory_classes import CLASSES
+from kvsim.simulator.metrics import summarize
+from kvsim.simulator.runner import run_experiment
+from kvsim.simulator.scheduler import SchedulerSettings
+from kvsim.traces import Request
 
 NAME = "rtx4090-llama-3.1-8b"
 RAW = yaml.safe_load((PROFILES_DIR / f"{NAME}.yaml").read_text())["tp"][1]
@@ -647,8 +651,8 @@ def test_num_gpu_blocks_sets_the_kv_capacity_and_is_reported(tmp_path):
 
 
 def test_roofline_check_reports_the_error_distribution(capsys):
-    from simulator.cost_model.roofline import ROOFLINE_PRESETS, RooflineParams
-    from simulator.cost_model.roofline_check import compare, error_table, main
+    from kvsim.simulator.cost_model.roofline import ROOFLINE_PRESETS, RooflineParams
+    from kvsim.simulator.cost_model.roofline_check import compare, error_table, main
 
     points = compare(NAME, "rtx4090", "llama-3.1-8b", RooflineParams(**ROOFLINE_PRESETS["hand-picked"]))
     assert len(points) == 8643
@@ -677,7 +681,7 @@ def test_a_measured_tp_degree_is_used_as_is(profile):
 
 
 def test_catalogue_gpus_links_and_new_models():
-    from simulator.cost_model.roofline import allreduce_coefficients
+    from kvsim.simulator.cost_model.roofline import allreduce_coefficients
 
     for name, g in GPUS.items():
         assert g.memory_bytes > 0 and g.hbm_bandwidth > 0 and g.peak_flops > 0, name

@@ -7,17 +7,17 @@ import numpy as np
 import pytest
 import yaml
 
-from simulator.config import ConfigError, load_config, validate_config
-from simulator.cost_model import GPUS, MODELS
-from simulator.cost_model.operator_profile import PROFILES_DIR, is_operator_profile
-from simulator.cost_model.roofline import (
+from kvsim.simulator.config import ConfigError, load_config, validate_config
+from kvsim.simulator.cost_model import GPUS, MODELS
+from kvsim.simulator.cost_model.operator_profile import PROFILES_DIR, is_operator_profile
+from kvsim.simulator.cost_model.roofline import (
     ROOFLINE_PRESETS,
     RooflineCostModel,
     RooflineParams,
     paged_kernel_factor,
     roofline_preset,
 )
-from simulator.cost_model.roofline_fit import (
+from kvsim.simulator.cost_model.roofline_fit import (
     REAL_PROFILES,
     FitCase,
     error_rows,
@@ -26,7 +26,7 @@ from simulator.cost_model.roofline_fit import (
     relative_errors,
     with_factor,
 )
-from simulator.runner import make_cost_factory
+from kvsim.simulator.runner import make_cost_factory
 
 HAND_PICKED = RooflineParams(**ROOFLINE_PRESETS["hand-picked"])
 
@@ -191,7 +191,7 @@ def test_a_bad_preset_is_a_one_line_error(tmp_path, cost, message):
 
 
 def test_presets_and_the_check_command(capsys, tmp_path):
-    from simulator.cost_model.roofline_check import main
+    from kvsim.simulator.cost_model.roofline_check import main
 
     with pytest.raises(ValueError, match="unknown roofline efficiencies 'x'; known: hand-picked"):
         roofline_preset("x")

@@ -18,9 +18,9 @@ import pytest
 import yaml
 from rich.console import Console
 
-from simulator.cli import main, rates_table, summary_table, sweep_table
-from simulator.display import fmt_cell, fmt_number
-from simulator.results import MARKER, RUN_INFO
+from kvsim.simulator.cli import main, rates_table, summary_table, sweep_table
+from kvsim.simulator.display import fmt_cell, fmt_number
+from kvsim.simulator.results import MARKER, RUN_INFO
 
 TINY = {
     "name": "quickstart",
@@ -122,7 +122,7 @@ def test_results_path_that_is_a_file_fails_before_simulating(checkout, monkeypat
     def no_simulation(*args, **kwargs):
         raise AssertionError("simulated although the results cannot be written")
 
-    monkeypatch.setattr("simulator.runner.run_experiment", no_simulation)
+    monkeypatch.setattr("kvsim.simulator.runner.run_experiment", no_simulation)
     assert main(["run", "configs/quickstart.yaml", "--out", "blocked", "--no-plot", "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "cannot write results here" in err[0] and "Not a directory" in err[0]
@@ -133,8 +133,8 @@ def test_read_only_results_folder_fails_before_simulating(checkout, monkeypatch,
     def denied(*args, dir=None, **kwargs):
         raise PermissionError(13, "Permission denied", str(dir))
 
-    monkeypatch.setattr("simulator.results.tempfile.TemporaryFile", denied)
-    monkeypatch.setattr("simulator.runner.run_experiment", lambda *a, **k: pytest.fail("simulated"))
+    monkeypatch.setattr("kvsim.simulator.results.tempfile.TemporaryFile", denied)
+    monkeypatch.setattr("kvsim.simulator.runner.run_experiment", lambda *a, **k: pytest.fail("simulated"))
     assert main(["run", "configs/quickstart.yaml", "--no-plot", "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "cannot write results here (Permission denied)" in err[0]
@@ -239,15 +239,15 @@ def test_readme_error_example_is_the_real_message(tmp_path, monkeypatch, capsys)
 # --- progress of long runs ------------------------------------------------------------------
 
 def _tiny_config(num_requests: int):
-    from simulator.config import validate_config
+    from kvsim.simulator.config import validate_config
 
     raw = {**TINY, "workload": {**TINY["workload"], "num_requests": num_requests}}
     return validate_config(yaml.safe_load(yaml.safe_dump(raw)))
 
 
 def test_progress_bar_shows_requests_simulated_time_rate_and_eta_on_a_terminal():
-    from simulator.run_progress import RunProgress
-    from simulator.runner import expected_requests, run_experiment
+    from kvsim.simulator.run_progress import RunProgress
+    from kvsim.simulator.runner import expected_requests, run_experiment
 
     cfg = _tiny_config(400)
     buf = io.StringIO()
@@ -268,8 +268,8 @@ def test_progress_bar_shows_requests_simulated_time_rate_and_eta_on_a_terminal()
     Console(file=io.StringIO(), force_terminal=True, quiet=True),  # kvsim run --quiet
 ])
 def test_progress_bar_is_off_when_not_a_terminal_or_quiet(console):
-    from simulator.run_progress import RunProgress
-    from simulator.runner import run_experiment
+    from kvsim.simulator.run_progress import RunProgress
+    from kvsim.simulator.runner import run_experiment
 
     with RunProgress("tiny", 20, console=console) as bar:
         run_experiment(_tiny_config(20), progress=bar)
@@ -282,9 +282,9 @@ def test_run_without_a_terminal_prints_nothing_on_stderr(checkout, capsys):
 
 
 def test_progress_follows_the_clock_when_only_the_duration_is_known():
-    from simulator.config import validate_config
-    from simulator.run_progress import RunProgress
-    from simulator.runner import expected_duration_s, expected_requests, run_experiment
+    from kvsim.simulator.config import validate_config
+    from kvsim.simulator.run_progress import RunProgress
+    from kvsim.simulator.runner import expected_duration_s, expected_requests, run_experiment
 
     raw = {**TINY, "workload": {**TINY["workload"], "num_requests": None, "duration_s": 20.0}}
     cfg = validate_config(yaml.safe_load(yaml.safe_dump(raw)))

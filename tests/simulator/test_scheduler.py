@@ -3,13 +3,13 @@
 import numpy as np
 import pytest
 
-from policies.kv_allocator import Admission
-from policies.paged_allocator import PagedAllocator
-from simulator.engine import SimulationStalled
-from simulator.memory_classes import CLASSES
-from simulator.scheduler import Scheduler, SchedulerSettings
-from simulator.sequence import Status
-from traces import Request
+from kvsim.policies.kv_allocator import Admission
+from kvsim.policies.paged_allocator import PagedAllocator
+from kvsim.simulator.engine import SimulationStalled
+from kvsim.simulator.memory_classes import CLASSES
+from kvsim.simulator.scheduler import Scheduler, SchedulerSettings
+from kvsim.simulator.sequence import Status
+from kvsim.traces import Request
 
 
 def make_scheduler(num_blocks=8, block_size=4, **limits):

@@ -14,11 +14,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scheduler_cases import CONFIG, assert_round_trips, config, config_error, ids, step
 
-from policies.kv_allocator import Admission
-from policies.radix_cache import RadixCacheAllocator
-from simulator.config import load_config
-from simulator.runner import run_experiment
-from simulator.scheduler_sglang import (
+from kvsim.policies.kv_allocator import Admission
+from kvsim.policies.radix_cache import RadixCacheAllocator
+from kvsim.simulator.config import load_config
+from kvsim.simulator.runner import run_experiment
+from kvsim.simulator.scheduler_sglang import (
     CLIP_MAX_NEW_TOKENS,
     INIT_NEW_TOKEN_RATIO,
     MIN_NEW_TOKEN_RATIO_FACTOR,
@@ -26,9 +26,9 @@ from simulator.scheduler_sglang import (
     SchedulerSGLang,
     SGLangSettings,
 )
-from simulator.sequence import Status
-from simulator.sweep import expand_points, load_sweep, validate_points
-from traces import Request
+from kvsim.simulator.sequence import Status
+from kvsim.simulator.sweep import expand_points, load_sweep, validate_points
+from kvsim.traces import Request
 
 
 def make(capacity=200, page=1, **kw):

@@ -20,17 +20,17 @@ from scheduler_cases import (
     step,
 )
 
-from policies.paged_allocator import PagedAllocator
-from policies.v1_prefix_cache import V1PrefixCacheAllocator
-from simulator.config import load_config
-from simulator.cost_model import GPUS, MODELS, RooflineCostModel
-from simulator.cost_model.base import causal_attention_pairs
-from simulator.engine import Simulation
-from simulator.runner import run_experiment
-from simulator.scheduler import SchedulerSettings
-from simulator.scheduler_v1 import SchedulerV1, StepV1
-from simulator.sequence import Status
-from traces import Request
+from kvsim.policies.paged_allocator import PagedAllocator
+from kvsim.policies.v1_prefix_cache import V1PrefixCacheAllocator
+from kvsim.simulator.config import load_config
+from kvsim.simulator.cost_model import GPUS, MODELS, RooflineCostModel
+from kvsim.simulator.cost_model.base import causal_attention_pairs
+from kvsim.simulator.engine import Simulation
+from kvsim.simulator.runner import run_experiment
+from kvsim.simulator.scheduler import SchedulerSettings
+from kvsim.simulator.scheduler_v1 import SchedulerV1, StepV1
+from kvsim.simulator.sequence import Status
+from kvsim.traces import Request
 
 B = 4
 

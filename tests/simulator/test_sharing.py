@@ -2,8 +2,8 @@
 
 import pytest
 
-from simulator.config import validate_config
-from simulator.runner import run_experiment
+from kvsim.simulator.config import validate_config
+from kvsim.simulator.runner import run_experiment
 
 
 def run(**sections):

@@ -8,10 +8,10 @@ import struct
 
 import pytest
 
-from simulator.config import validate_config
-from simulator.decoding import prefix_contents, token_block_identities
-from simulator.runner import run_experiment
-from traces import Request
+from kvsim.simulator.config import validate_config
+from kvsim.simulator.decoding import prefix_contents, token_block_identities
+from kvsim.simulator.runner import run_experiment
+from kvsim.traces import Request
 
 
 def request(ids, request_id=0) -> Request:

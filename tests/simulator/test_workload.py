@@ -9,8 +9,8 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from simulator.workload import WorkloadConfig, build_requests, resolve_data_path
-from traces import data_path, trace_stats
+from kvsim.simulator.workload import WorkloadConfig, build_requests, resolve_data_path
+from kvsim.traces import data_path, trace_stats
 
 AZURE_CONV = "traces/data/AzureLLMInferenceTrace_conv.csv"
 

@@ -5,11 +5,11 @@ import itertools
 import pytest
 import yaml
 
-from simulator.cli import main
-from simulator.config import validate_config
-from simulator.results import config_hash
-from simulator.runner import run_experiment
-from simulator.sweep import (
+from kvsim.simulator.cli import main
+from kvsim.simulator.config import validate_config
+from kvsim.simulator.results import config_hash
+from kvsim.simulator.runner import run_experiment
+from kvsim.simulator.sweep import (
     SweepError,
     expand_points,
     load_sweep,
@@ -132,12 +132,12 @@ def test_points_that_resolve_to_the_same_config_run_once(write_sweep):
     calls = []
 
     def counting(job):
-        from simulator.executors import execute_run
+        from kvsim.simulator.executors import execute_run
 
         calls.append(job.run_id)
         return execute_run(job)
 
-    from simulator.executors import InProcessExecutor
+    from kvsim.simulator.executors import InProcessExecutor
 
     result = run_sweep(load_sweep(path), InProcessExecutor(counting))
     assert len(calls) == 1

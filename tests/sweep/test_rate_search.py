@@ -4,11 +4,15 @@ import math
 
 import pytest
 
-from simulator.config import validate_config
-from simulator.executors import InProcessExecutor, execute_run
-from simulator.rate_search import RateBisection, SustainabilityCriterion, find_sustainable_rate
-from simulator.runner import run_experiment
-from simulator.sweep import load_sweep, run_sweep
+from kvsim.simulator.config import validate_config
+from kvsim.simulator.executors import InProcessExecutor, execute_run
+from kvsim.simulator.rate_search import (
+    RateBisection,
+    SustainabilityCriterion,
+    find_sustainable_rate,
+)
+from kvsim.simulator.runner import run_experiment
+from kvsim.simulator.sweep import load_sweep, run_sweep
 
 
 @pytest.mark.parametrize("knee", [0.6, 3.3, 7.3, 15.9])

@@ -8,9 +8,9 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from simulator.config import ConfigError, load_config
-from simulator.workload import WorkloadConfig, build_requests
-from traces.multi_turn import MultiTurnSpec, generate_multi_turn
+from kvsim.simulator.config import ConfigError, load_config
+from kvsim.simulator.workload import WorkloadConfig, build_requests
+from kvsim.traces.multi_turn import MultiTurnSpec, generate_multi_turn
 
 SPEC = MultiTurnSpec(conversations=30, conversation_rate=2.0, turns=(1, 5), system_prompt_tokens=40,
                      system_prompts=2, user_tokens=(3, 9), output_tokens=(2, 7), think_time_s=1.0,

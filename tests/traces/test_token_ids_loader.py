@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from simulator.config import ConfigError, validate_config
-from simulator.workload import WorkloadConfig, build_requests
-from traces import TOKEN_IDS, TraceError, detect_format, load_trace, read_token_ids
-from traces.transforms import apply_sharing, clip_to_max_len
+from kvsim.simulator.config import ConfigError, validate_config
+from kvsim.simulator.workload import WorkloadConfig, build_requests
+from kvsim.traces import TOKEN_IDS, TraceError, detect_format, load_trace, read_token_ids
+from kvsim.traces.transforms import apply_sharing, clip_to_max_len
 
 SHIPPED = (Path(__file__).resolve().parents[2] / "gpu_validation" / "runs"
            / "vllm-0.19-rtx4090-llama-3.1-8b" / "workload" / "sharegpt-llama-3.1-8b-300-sps10.jsonl")

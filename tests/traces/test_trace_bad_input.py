@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from traces import TraceError, load_length_pool, load_trace, read_generic
+from kvsim.traces import TraceError, load_length_pool, load_trace, read_generic
 
 AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens"
 AZURE_ROW = "2023-11-16 18:15:46.6805900,374,44"

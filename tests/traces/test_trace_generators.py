@@ -10,7 +10,7 @@ from collections import deque
 import numpy as np
 import pytest
 
-from traces import (
+from kvsim.traces import (
     ConstantArrivals,
     FilteredLengths,
     FixedLengths,
@@ -25,8 +25,8 @@ from traces import (
     make_arrivals,
     preset_lengths,
 )
-from traces.presets import PAPER_WORKLOADS, truncated_lognormal_lengths
-from traces.sharegpt_filter import sharegpt_keep_array
+from kvsim.traces.presets import PAPER_WORKLOADS, truncated_lognormal_lengths
+from kvsim.traces.sharegpt_filter import sharegpt_keep_array
 
 FIXED = FixedLengths(10, 20)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from traces import (
+from kvsim.traces import (
     AZURE,
     LENGTHS,
     MOONCAKE,

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from simulator.trace_cli import add_trace_commands, main
-from traces import Request, trace_stats
-from traces.plots import trace_figure
+from kvsim.simulator.trace_cli import add_trace_commands, main
+from kvsim.traces import Request, trace_stats
+from kvsim.traces.plots import trace_figure
 
 
 def test_stats_of_a_small_trace():

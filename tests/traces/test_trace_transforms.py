@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from traces import (
+from kvsim.traces import (
     Request,
     apply_sharing,
     clip_to_max_len,
