@@ -11,7 +11,14 @@ d. 10,000 / 100,000 / 1,000,000 Poisson requests with ShareGPT-like lengths,
    streamed from the generator (Llama-2-7B, one A100-80GB, 5 req/s);
 val. the replay ``kvsim validate`` runs on the shipped real vLLM run (300 requests with token
    ids, vllm-v1, profiled cost model), exactly as the command runs it (one step-table row per
-   iteration, for its per-second curves): issue 19 asks for well under a second.
+   iteration, for its per-second curves): issue 19 asks for well under a second;
+moon16 / moon256. (issue 21, prefix-caching speed) the whole Mooncake synthetic trace (3,993
+   requests, 61M prompt tokens, 22.5M distinct) on vLLM v1's prefix cache, blocks of 16 / 256
+   tokens, with a KV budget that evicts nothing (targets: <= 1 s and <= 300 MB; 16 within
+   1.5x of 256);
+mt10k / mt30k / mt100k. the generated multi-turn workload of
+   ``configs/sglang_vs_vllm/multi_turn.yaml`` scaled to about 10k / 30k / 100k requests
+   (more conversations at the same rate): the target is a flat cost per request.
 
 Usage: ``python -m benchmarks.run [--cases a,b,...] [--no-macro]``. After the detailed
 table it prints, in Markdown, the table the README's "Speed" section shows (:func:`readme_table`),
@@ -61,6 +68,55 @@ CASES: dict[str, tuple[str, dict]] = {
     "val": ("replay of a real vLLM run (kvsim validate, vllm-v1)", {}),  # config: validation_replay()
 }
 
+
+
+MOONCAKE_DISTINCT_TOKENS = 26_000_000
+"""An upper bound of the token slots the whole Mooncake synthetic trace ever fills at once with
+nothing evicted: 43,924 distinct 512-token hash blocks (22.5M tokens), 0.6M output tokens, and
+per request at most one partly filled prompt block and one output block (3,993 x 528)."""
+
+
+def mooncake_v1(block_size: int) -> dict:
+    """The whole Mooncake synthetic trace on vLLM v1's prefix cache (as
+    ``configs/sglang_vs_vllm/mooncake.yaml``, without its 400-request window), with enough
+    blocks of ``block_size`` tokens that nothing is ever evicted."""
+    return {
+        "model": {"name": "llama-3-8b", "context_len_tokens": 131072},
+        "hardware": {"gpu": "h100-sxm",
+                     "num_gpu_blocks": -(-MOONCAKE_DISTINCT_TOKENS // block_size)},
+        "workload": {"trace": {"format": "mooncake", "path": "traces/data/synthetic_trace.jsonl"}},
+        "allocator": {"kind": "paged", "block_size": block_size, "prefix_caching": True},
+        "scheduler": {"policy": "vllm-v1", "max_num_seqs": 256, "max_num_batched_tokens": 8192},
+    }
+
+
+def multi_turn_v1(conversations: int) -> dict:
+    """``configs/sglang_vs_vllm/multi_turn.yaml`` with ``conversations`` conversations of 2-8
+    turns (5 on average, so about 5 requests each), vLLM v1's prefix cache, blocks of 16, the
+    KV budget vLLM computes for one H100 (the cache fills and evicts)."""
+    return {
+        "model": {"name": "llama-3-8b"},
+        "hardware": {"gpu": "h100-sxm"},
+        "workload": {"multi_turn": {
+            "conversations": conversations, "conversation_rate": 6.0, "turns": {"min": 2, "max": 8},
+            "system_prompt_tokens": 600, "user_tokens": {"min": 20, "max": 200},
+            "output_tokens": {"min": 50, "max": 400}, "think_time_s": 5.0, "assumed_tpot_s": 0.02}},
+        "allocator": {"kind": "paged", "block_size": 16, "prefix_caching": True},
+        "scheduler": {"policy": "vllm-v1", "max_num_seqs": 256, "max_num_batched_tokens": 8192},
+    }
+
+
+CASES.update({
+    "moon16": ("Mooncake synthetic (3,993 req), vllm-v1 prefix cache, block 16, no eviction",
+               mooncake_v1(16)),
+    "moon256": ("Mooncake synthetic (3,993 req), vllm-v1 prefix cache, block 256, no eviction",
+                mooncake_v1(256)),
+    "mt10k": ("multi-turn chat, 2,000 conversations, vllm-v1 prefix cache", multi_turn_v1(2_000)),
+    "mt30k": ("multi-turn chat, 6,000 conversations, vllm-v1 prefix cache", multi_turn_v1(6_000)),
+    "mt100k": ("multi-turn chat, 20,000 conversations, vllm-v1 prefix cache",
+               multi_turn_v1(20_000)),
+})
+
 AS_VALIDATE_RUNS = ("val",)
 """Cases timed with the config ``kvsim validate`` builds, unchanged (no overrides below)."""
 
@@ -87,18 +143,32 @@ README_ROWS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("replay of a measured vLLM run (300 requests, `kvsim validate`, vllm-v1)", ("val",)),
 )
 
+# The prefix-caching speed table (issue 21), printed after the README's "Speed" table.
+PREFIX_CACHE_ROWS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("Mooncake synthetic trace (3,993 requests, 61M prompt tokens), vllm-v1 prefix cache "
+     "evicting nothing, block 16 / 256", ("moon16", "moon256")),
+    ("multi-turn chat, about 10k / 30k / 100k requests, vllm-v1 prefix cache, block 16",
+     ("mt10k", "mt30k", "mt100k")),
+)
+
+PER_REQUEST_CASES = ("d10k", "d100k", "d1m")
+"""Cases whose wall time per request the README quotes (cost per request, flat as they grow)."""
+PREFIX_CACHE_PER_REQUEST = ("moon16", "moon256", "mt10k", "mt30k", "mt100k")
+
 
 def _seconds(wall_s: float) -> str:
     """Two significant digits, as the README prints them: 0.56 s, 5.5 s, 54 s, 130 s."""
     return f"{float(f'{wall_s:.2g}'):g} s"
 
 
-def readme_table(results: dict[str, dict]) -> str:
-    """The README's Markdown table (case | wall | peak RSS) from measured cases; a row whose
-    cases were not all run is left out. Below it, the wall time per request of the Poisson
-    cases (the README quotes it)."""
+def readme_table(results: dict[str, dict],
+                 rows: tuple[tuple[str, tuple[str, ...]], ...] = README_ROWS,
+                 per_request_cases: tuple[str, ...] = PER_REQUEST_CASES) -> str:
+    """The README's Markdown table (case | wall | peak RSS) from measured cases, a row per
+    ``rows`` entry; a row whose cases were not all run is left out. Below it, the wall time
+    per request of ``per_request_cases`` (the README quotes it)."""
     lines = ["| case | wall | peak RSS |", "| --- | --- | --- |"]
-    for label, cases in README_ROWS:
+    for label, cases in rows:
         if not all(c in results for c in cases):
             continue
         wall = " / ".join(_seconds(results[c]["wall_s"]) for c in cases)
@@ -106,7 +176,7 @@ def readme_table(results: dict[str, dict]) -> str:
         lines.append(f"| {label} | {wall} | {rss} |")
     per_request = [
         f"{c}: {results[c]['wall_s'] / results[c]['requests'] * 1e6:.0f} µs"
-        for c in ("d10k", "d100k", "d1m") if c in results
+        for c in per_request_cases if c in results
     ]
     if per_request:
         lines.append("\nwall time per request: " + ", ".join(per_request))
@@ -132,7 +202,7 @@ def run_case(name: str, macro: bool) -> dict:
     s = result.summary
     return {"case": name, "wall_s": wall, "tokens": s["prefill_tokens"] + s["decode_tokens"],
             "requests": s["num_requests"], "completed": s["completed"], "rows": s["engine_rows"],
-            "iterations": s["num_steps"]}
+            "iterations": s["num_steps"], "evictions": s.get("prefix_cache_evictions", 0)}
 
 
 def measure(name: str, macro: bool) -> dict:
@@ -150,7 +220,8 @@ def measure(name: str, macro: bool) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--cases", default="a,b,c,d10k,d100k,d1m,val", help="comma-separated: " + ",".join(CASES))
+    p.add_argument("--cases", default="a,b,c,d10k,d100k,d1m,val,moon16,moon256,mt10k,mt30k,mt100k",
+                   help="comma-separated: " + ",".join(CASES))
     p.add_argument("--no-macro", action="store_true", help="step one iteration at a time (for comparison)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -181,6 +252,9 @@ def main(argv: list[str] | None = None) -> int:
     console.print(table)
     print("\nREADME (Speed):\n")
     print(readme_table(measured))
+    if any(c in measured for _, cases in PREFIX_CACHE_ROWS for c in cases):
+        print("\nPrefix caching (issue 21):\n")
+        print(readme_table(measured, PREFIX_CACHE_ROWS, PREFIX_CACHE_PER_REQUEST))
     return 0
 
 

@@ -111,17 +111,19 @@ class BlockPool:
         self._free.extend(blocks)
 
     def release_all(self, blocks: list[int]) -> list[int]:
-        """Drop one holder of each block (a whole block table at once); return those freed."""
-        rc, free = self._refcount, self._free
+        """Drop one holder of each block (a whole block table at once), in the given order;
+        return those freed, which join the free list in that order, all at once (one
+        update of a queued pool's queue per table)."""
+        rc = self._refcount
         freed = []
         for b in blocks:
             r = rc[b] - 1
             if r < 0:
                 raise ValueError(f"block {b} released more often than held")
             rc[b] = r
-            if r == 0:
-                free.append(b)
+            if not r:
                 freed.append(b)
+        self._free.extend(freed)
         return freed
 
     # --- invariants ----------------------------------------------------------
@@ -178,3 +180,14 @@ class QueuedBlockPool(BlockPool):
         self._free.remove(block)
         self._refcount[block] = 1
 
+    def hold(self, blocks: list[int]) -> int:
+        """Add a holder to each of ``blocks`` (distinct: the blocks of one prefix hit), taking
+        the free ones out of the queue; return how many were free. One call per hit, with
+        the queue's removals done together, instead of a ``share`` or ``reclaim`` per block."""
+        rc = self._refcount
+        free = [b for b in blocks if not rc[b]]
+        if free:
+            self._free.remove_many(free)
+        for b in blocks:
+            rc[b] += 1
+        return len(free)

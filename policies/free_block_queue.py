@@ -10,66 +10,118 @@ middle. The queue order is therefore the eviction order.
 An ``OrderedDict`` is the queue: appending, popping the oldest entry and deleting any
 entry are all O(1), as in vLLM's doubly linked list. (A plain ``dict`` would not do:
 popping its first entry over and over scans the holes earlier pops left behind.)
+
+Blocks never taken yet stay a ``range`` at the head, in index order, and enter the dict
+only if one is taken out of the middle (no prefix hit can name a block never used): an
+unbounded cache's million blocks cost neither memory nor time until they are used, and
+freed blocks join the dict's tail, behind them, as in one queue.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
+from itertools import chain
 
 
 class FreeBlockQueue:
-    """Free block numbers in eviction order (head first)."""
+    """Free block numbers in eviction order (head first): ``_fresh`` (never-used blocks,
+    a range) then ``_order`` (freed blocks, oldest first)."""
 
-    __slots__ = ("_order",)
+    __slots__ = ("_order", "_fresh")
 
     def __init__(self, blocks: Iterable[int] = ()):
-        self._order: OrderedDict[int, None] = OrderedDict.fromkeys(blocks)
+        if isinstance(blocks, range) and blocks.step == 1:
+            self._fresh, self._order = blocks, OrderedDict()
+        else:
+            self._fresh, self._order = range(0), OrderedDict.fromkeys(blocks)
 
     def __len__(self) -> int:
-        return len(self._order)
+        return len(self._fresh) + len(self._order)
 
     def __bool__(self) -> bool:
-        return bool(self._order)
+        return bool(self._fresh) or bool(self._order)
 
     def __contains__(self, block: int) -> bool:
-        return block in self._order
+        return block in self._fresh or block in self._order
 
     def __iter__(self) -> Iterator[int]:
         """Head (next to be taken) first."""
-        return iter(self._order)
+        return chain(self._fresh, self._order)
+
+    def _spill(self) -> None:
+        """Move the never-used blocks into the dict, at the head (before a removal from
+        the middle of them)."""
+        self._order = OrderedDict.fromkeys(chain(self._fresh, self._order))
+        self._fresh = range(0)
 
     def append(self, block: int) -> None:
         """Put a freed block at the tail (taken last)."""
-        if block in self._order:
+        if block in self:
             raise ValueError(f"block {block} is already in the free queue")
         self._order[block] = None
 
     def extend(self, blocks: Iterable[int]) -> None:
-        """Put freed blocks at the tail, in the given order."""
-        for b in blocks:
-            self.append(b)
+        """Put freed blocks at the tail, in the given order: one C-level update for a whole
+        table's worth (a request's release is one event, not a call per block)."""
+        if not isinstance(blocks, (list, tuple)):
+            blocks = list(blocks)
+        if not blocks:
+            return
+        order, fresh = self._order, self._fresh
+        # a freed block was taken, so it lies below the never-used ones (checked at C speed)
+        clash_fresh = fresh and max(blocks) >= fresh.start and any(map(fresh.__contains__, blocks))
+        if clash_fresh or not order.keys().isdisjoint(blocks):
+            queued = next(b for b in blocks if b in self)
+            raise ValueError(f"block {queued} is already in the free queue")
+        before = len(order)
+        order.update(dict.fromkeys(blocks))
+        if len(order) - before != len(blocks):
+            raise ValueError("a block was given twice: it is already in the free queue")
 
     def popleft(self) -> int:
         """Take the block at the head."""
+        if self._fresh:
+            block = self._fresh[0]
+            self._fresh = self._fresh[1:]
+            return block
         if not self._order:
             raise IndexError("the free block queue is empty")
         return self._order.popitem(last=False)[0]
 
     def popleft_many(self, count: int) -> list[int]:
         """Take ``count`` blocks from the head, head first (all or none)."""
-        order = self._order
-        if count > len(order):
-            raise IndexError(f"asked for {count} blocks, {len(order)} in the free queue")
+        order, fresh = self._order, self._fresh
+        if count > len(fresh) + len(order):
+            raise IndexError(f"asked for {count} blocks, {len(self)} in the free queue")
+        taken = list(fresh[:count])
+        self._fresh = fresh[count:]
         pop = order.popitem
-        return [pop(last=False)[0] for _ in range(count)]
+        taken += [pop(last=False)[0] for _ in range(count - len(taken))]
+        return taken
 
     def remove(self, block: int) -> None:
         """Take a block out of the middle (a prefix-cache hit on a free block)."""
+        if block in self._fresh:
+            self._spill()
         try:
             del self._order[block]
         except KeyError:
             raise ValueError(f"block {block} is not in the free queue") from None
+
+    def remove_many(self, blocks: Iterable[int]) -> None:
+        """Take several blocks out of the middle (the free blocks of one prefix hit)."""
+        if not isinstance(blocks, (list, tuple)):
+            blocks = list(blocks)
+        fresh = self._fresh
+        if fresh and blocks and max(blocks) >= fresh.start and any(map(fresh.__contains__, blocks)):
+            self._spill()
+        order = self._order
+        for b in blocks:
+            try:
+                del order[b]
+            except KeyError:
+                raise ValueError(f"block {b} is not in the free queue") from None
 
 
 class UncachedFirstQueue:
@@ -159,3 +211,7 @@ class UncachedFirstQueue:
         if entry is None or not entry.filed:
             raise ValueError(f"block {block} is not in the free queue")
         self.order.withdraw(key)
+
+    def remove_many(self, blocks: Iterable[int]) -> None:
+        for b in blocks:
+            self.remove(b)

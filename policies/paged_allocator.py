@@ -54,6 +54,7 @@ from operator import mul
 
 from kvsim.policies.block_pool import BlockPool, OutOfBlocks
 from kvsim.policies.eviction_order import EvictionOrder
+from kvsim.policies.key_chain import chain_keys_plain
 from kvsim.policies.kv_allocator import (
     Admission,
     KVAllocator,
@@ -261,14 +262,7 @@ class PagedAllocator(KVAllocator):
     # --- prefix cache ----------------------------------------------------------------
     def _keys(self, prefix: Sequence[Hashable]) -> list[int]:
         """Chain identities of the prompt's leading full blocks."""
-        keys, parent, chain = [], -1, self._chain
-        for content in prefix:
-            k = chain.get((parent, content))
-            if k is None:
-                k = chain[(parent, content)] = len(chain)
-            keys.append(k)
-            parent = k
-        return keys
+        return chain_keys_plain(self._chain, prefix)
 
     def _hits(self, keys: list[int]) -> list[int]:
         """Blocks of the longest cached run of leading keys."""

@@ -502,10 +502,12 @@ class RadixCacheAllocator:
 def request_tokens(request, output_tokens: int) -> Tokens:
     """A request's token sequence (prompt, then its outputs) for the radix cache.
 
-    Real ``token_ids`` are used as they are. Otherwise the shared part is named by what the
-    trace says is shared: Mooncake ``hash_ids`` (token j of 512-token block ``h`` is
-    (h, j)) or a ``prefix_id`` (token j of it is (id, j)); every other token, and every
-    generated one, is unique to the request. Tokens are tagged ints so kinds never collide:
+    Real ``token_ids`` are used as they are, and so are the answer's ``output_token_ids``
+    when the request knows them (a conversation's next turn resends them: it then shares the
+    answer too). Otherwise the shared part is named by what the trace says is shared:
+    Mooncake ``hash_ids`` (token j of 512-token block ``h`` is (h, j)) or a ``prefix_id``
+    (token j of it is (id, j)); every other token, and every generated one without
+    ``output_token_ids``, is unique to the request. Tokens are tagged ints so kinds never collide:
     ``value * 4 + kind`` (0 real, 1 hash block, 3 request-unique) and ``("p", id, j)`` for
     named prefixes. Built once per request, from ranges where it can (C speed).
     """
@@ -515,6 +517,10 @@ def request_tokens(request, output_tokens: int) -> Tokens:
     if request.token_ids is not None:
         parts.append(tuple(t * 4 for t in request.token_ids))
         shared = P
+        answer = getattr(request, "output_token_ids", None)
+        if answer is not None:
+            parts.append(tuple(t * 4 for t in answer[:output_tokens]))
+            shared += min(len(answer), output_tokens)
     elif request.hash_ids:
         hb = request.hash_block_tokens
         for h in request.hash_ids:

@@ -5,11 +5,11 @@ What differs from the paged allocator's own (v0-style) cache, after vLLM 0.19's
 ``vllm/v1/core/block_pool.py`` and ``kv_cache_manager.py``:
 
 - Every *full* block of a sequence has an identity: the blocks the request's shared prefix
-  names (``prefix_contents``: hash ids, a prefix id or token ids, chained) use it; every
-  other full block (the rest of the prompt, generated tokens) is named
-  ``("u", request_id, block_index)``, so only the request itself can hit it, after a
-  preemption. A block's identity is fixed by its position and content, so a chain is
-  implied. A partly filled block has none.
+  names (``prefix_contents``: hash ids, a prefix id or token ids, chained; with
+  ``output_token_ids``, the generated tokens too) use it; every other full block (the rest
+  of the prompt, generated tokens) is named ``("u", request_id, block_index)``, so only the
+  request itself can hit it, after a preemption. A block's identity is fixed by its
+  position and content, so a chain is implied. A partly filled block has none.
 - The cache holds no reference: a block no sequence holds is *free*, cached or not, and
   waits in one FIFO free queue (:class:`~policies.block_pool.QueuedBlockPool`). A sequence
   frees its blocks last-to-first to the tail; allocation takes the head and forgets the
@@ -27,7 +27,10 @@ unique to its request, no other request can look it up, and its own request look
 only after it has freed it; and no older cached copy of such a block can exist when it
 fills (a request's cached blocks from before a preemption end before the tokens it had
 then, and it computes those again in prefill chunks). So runs of decode steps (macro
-steps) register nothing, as they must to stay O(events).
+steps) register nothing, as they must to stay O(events). A request that knows its answer
+(``output_token_ids``) names its generated blocks by their tokens, and another request can
+hit them: from when it frees them (vLLM: as they fill; the reference engine follows this
+cache, ``simulator.reference.ReferenceV1Replica.cache_full_blocks``).
 
 Eviction policy (``allocator.eviction_policy``): ``lru`` (the default) is vLLM's single free
 queue above, exactly. Any other policy (``lfu``, ``fifo``, ``arc``, ``priority``: see
@@ -53,16 +56,25 @@ interior; its descendants stay cached (unreachable: a lookup stops at the first 
 until evicted in turn, as in any chain-blind policy.
 
 Memory classes: a cached free block is free (reusable), as in the v0 cache.
+
+Cost (issue 21): the work a request's arrival, admission and finish do is one call each on
+whole runs of blocks, not a Python call per block: identities are interned a run of
+consecutive keys at a time (``policies.key_chain``), a lookup checks the shared keys in
+doubling strides, a hit is held with one ``QueuedBlockPool.hold``, a finished table is
+released with one ``release_all`` (one queue update), and blocks never used yet stay a
+``range`` in the free queue. What is still per block: the block tables themselves, one
+refcount update per block held or released, and one cache-index entry per registered block.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterator, Sequence
-from itertools import chain
+from itertools import chain, repeat
 
 from kvsim.policies.block_pool import QueuedBlockPool
 from kvsim.policies.eviction_order import EvictionOrder
 from kvsim.policies.free_block_queue import UncachedFirstQueue
+from kvsim.policies.key_chain import KeyChain
 from kvsim.policies.kv_allocator import MemoryUsage
 from kvsim.policies.paged_allocator import PagedAllocator
 
@@ -91,6 +103,7 @@ class V1PrefixCacheAllocator(PagedAllocator):
             self._order = EvictionOrder(eviction, num_blocks)
             queue = UncachedFirstQueue(range(num_blocks), self._order, self._key_of, self._cached)
             self.pool = QueuedBlockPool(num_blocks, block_size, queue)
+        self._key_chain = KeyChain()  # identities of named blocks (replaces the base's _chain dict)
         self._now = 0  # the eviction order's logical clock: one tick per hit or release of a cached block
         self._names: dict[int, tuple[list[int], int]] = {}  # seq -> (shared prefix keys, request id)
         self._named: dict[int, int] = {}  # seq -> leading blocks already named (registered or duplicate)
@@ -98,15 +111,28 @@ class V1PrefixCacheAllocator(PagedAllocator):
 
     # --- identities ----------------------------------------------------------------------
     def prefix_keys(self, prefix: Sequence[Hashable]) -> list[int]:
-        """Chained identities of the blocks a request's shared prefix names."""
-        return self._keys(prefix)
+        """Chained identities of the blocks a request's shared prefix names (walked a run of
+        consecutive keys at a time: ``policies.key_chain``)."""
+        return self._key_chain.keys(prefix)
 
     def lookup(self, keys: list[int], request_id: int, num_tokens: int) -> list[int]:
         """Cached blocks of the longest leading run of a request's full blocks, at most
         ``(num_tokens - 1) // block_size`` of them."""
-        cached, hits = self._cached, []
-        for key in block_identities(keys, request_id, 0, (num_tokens - 1) // self.block_size):
-            b = cached.get(key)
+        limit = (num_tokens - 1) // self.block_size
+        get, hits = self._cached.get, []
+        # The shared keys in C-level strides that double (a miss wastes at most as many
+        # lookups as hit before it), then, past them, the request's own blocks one by one.
+        named, start, stride = min(limit, len(keys)), 0, 32
+        while start < named:
+            part = list(map(get, keys[start:min(start + stride, named)]))
+            if None in part:
+                hits += part[:part.index(None)]
+                return hits
+            hits += part
+            start += stride
+            stride *= 2
+        for key in block_identities(keys, request_id, named, limit):
+            b = get(key)
             if b is None:
                 break
             hits.append(b)
@@ -114,8 +140,7 @@ class V1PrefixCacheAllocator(PagedAllocator):
 
     def in_use(self, blocks: list[int]) -> int:
         """How many of ``blocks`` some sequence holds (the rest wait in the free queue)."""
-        rc = self.pool.refcounts
-        return sum(1 for b in blocks if rc[b])
+        return len(blocks) - list(map(self.pool.refcounts.__getitem__, blocks)).count(0)
 
     def take_hits(self, blocks: list[int], priority: int = 0) -> None:
         """Hold the hit blocks (a free one leaves the queue), before fresh blocks are taken;
@@ -128,12 +153,8 @@ class V1PrefixCacheAllocator(PagedAllocator):
                 if key not in order:
                     order.insert(key, self._now, priority)
                 order.hit(key, self._now, priority)
-        for b in blocks:
-            if pool.refcount(b):
-                pool.share(b)
-            else:
-                pool.reclaim(b)
-                self._token_states += self.block_size  # cached blocks are full
+        # the free ones come back to the sequences' blocks (cached blocks are full)
+        self._token_states += pool.hold(blocks) * self.block_size
         self.prefix_hits += len(blocks)
 
     def name(self, seq_id: int, keys: list[int], request_id: int, hit_blocks: int, lookups: int,
@@ -154,10 +175,16 @@ class V1PrefixCacheAllocator(PagedAllocator):
             return
         keys, rid = self._names[seq_id]
         table, cached, key_of = self._tables[seq_id], self._cached, self._key_of
-        for i, key in enumerate(block_identities(keys, rid, start, full), start):
-            if key not in cached:
-                cached[key] = table[i]
-                key_of[table[i]] = key
+        new = list(block_identities(keys, rid, start, full))  # distinct: one chain's positions
+        if cached.keys().isdisjoint(new):  # the usual case: the whole run at once, at C speed
+            blocks = table[start:full]
+            cached.update(zip(new, blocks))
+            key_of.update(zip(blocks, new))
+        else:
+            for i, key in enumerate(new, start):
+                if key not in cached:
+                    cached[key] = table[i]
+                    key_of[table[i]] = key
         self._named[seq_id] = full
 
     # --- taking and freeing blocks ---------------------------------------------------------
@@ -174,19 +201,28 @@ class V1PrefixCacheAllocator(PagedAllocator):
 
     def _take_many(self, count: int) -> list[int]:
         blocks = self.pool.allocate_many(count)
-        if self._key_of:
-            for b in blocks:
-                self._forget(b)
+        key_of = self._key_of
+        if key_of:  # forget the cached contents of the blocks taken (lazy eviction), at C speed
+            evicted = [k for k in map(key_of.pop, blocks, repeat(None)) if k is not None]
+            if evicted:
+                cached = self._cached
+                for key in evicted:
+                    del cached[key]
+                self.evictions += len(evicted)
         return blocks
 
     def _release_gpu(self, table: list[int]) -> None:
         """Last block first to the tail of the free queue (vLLM frees in reverse order, so
         a request's tail is evicted before its head)."""
-        filled, B, release = self._filled, self.block_size, self.pool.release
-        for b in reversed(table):
-            if release(b):
-                self._token_states -= filled[b]
-                filled[b] = B
+        if not table:
+            return
+        freed = self.pool.release_all(table[::-1])
+        if freed:
+            filled = self._filled
+            self._token_states -= sum(map(filled.__getitem__, freed))
+            # only the last block can have room (every other one is full), and if it was
+            # freed it was freed first; a free block counts as full
+            filled[freed[0]] = self.block_size
 
     def free(self, seq_id: int) -> None:
         self.register_full(seq_id)

@@ -63,7 +63,7 @@ def beam_parent_counts(concentration: float, uniforms: list[float]) -> list[int]
     return counts
 
 
-def prefix_contents(request: Request, block_size: int) -> list[Hashable]:
+def prefix_contents(request: Request, block_size: int, *, with_output: bool = False) -> list[Hashable]:
     """The content of each leading full prompt block that other requests may share.
 
     Mooncake ``hash_ids`` name 512-token blocks (``hash_block_tokens``); a block of
@@ -73,8 +73,16 @@ def prefix_contents(request: Request, block_size: int) -> list[Hashable]:
 
     A request with ``token_ids`` (the prompt's real tokens) names every full prompt block
     by its tokens: :func:`token_block_identities`, exact at any block size.
+
+    ``with_output``: when the request also knows its answer (``output_token_ids``), the
+    names go on past the prompt over the generated tokens (prompt + answer, chained), so a
+    later prompt that resends prompt + answer (the next turn of a conversation) finds the
+    answer's blocks. vLLM v1 asks for this; v0's cache holds prompt blocks only, and
+    parallel samples or beams (which v1 does not run) would keep private generated tokens.
     """
     if request.token_ids is not None:
+        if with_output and request.output_token_ids is not None:
+            return token_block_identities(request.token_ids + request.output_token_ids, block_size)
         return token_block_identities(request.token_ids, block_size)
     if request.hash_ids:
         hb = request.hash_block_tokens

@@ -145,6 +145,22 @@ def prompt_block_names(request: Request, block_size: int) -> list[Hashable]:
     return []
 
 
+def sequence_block_names(request: Request, block_size: int) -> list[Hashable]:
+    """Names of a vLLM v1 request's leading full blocks, prompt then output: the prompt's
+    (``prompt_block_names``) and, when the request knows its answer (``output_token_ids``,
+    after a prompt named by its ``token_ids``), every full block of prompt + answer by its
+    tokens, so a later prompt that resends both (a conversation's next turn) finds them.
+    Blocks past these names are the request's own (``ReferenceV1Replica.block_keys``)."""
+    answer = getattr(request, "output_token_ids", None)
+    if request.token_ids is None or answer is None:
+        return prompt_block_names(request, block_size)
+    tokens = tuple(request.token_ids) + tuple(answer)
+    return [
+        ("tokens", tokens[j * block_size : (j + 1) * block_size])
+        for j in range(len(tokens) // block_size)
+    ]
+
+
 @dataclass
 class Step:
     """One iteration's batch and the memory traffic it caused."""
@@ -503,6 +519,8 @@ class ReferenceV1Replica(ReferenceReplica):
 
     After the step (``complete``) every chunk is computed; a request whose computed tokens
     reach its tokens samples one (its first: TTFT), and finishes when it has its output.
+    Full blocks join the prefix cache when a prefill chunk fills them, or, filled by decode
+    steps, when their request frees them (``cache_full_blocks``).
 
     Not modelled: async scheduling and CUDA graphs (each shifts work by at most one step per
     event), the null block (pass one block fewer), speculative decoding.
@@ -519,7 +537,7 @@ class ReferenceV1Replica(ReferenceReplica):
             [seq],
             {seq: request.output_tokens},
             request.prompt_tokens,
-            prompt_block_names(request, B) if self.alloc.prefix_caching else [],
+            sequence_block_names(request, B) if self.alloc.prefix_caching else [],
             num_tokens=request.prompt_tokens,
         )
         longest = request.prompt_tokens + request.output_tokens
@@ -659,6 +677,7 @@ class ReferenceV1Replica(ReferenceReplica):
         ones stay findable until evicted) and put it at the front of the waiting queue."""
         g.preemptions += 1
         g.recomputed_tokens += g.num_computed
+        self.cache_full_blocks(g, g.num_computed)
         self.alloc.free(g.seq)
         g.num_computed = 0
         g.recomputing = True
@@ -669,12 +688,10 @@ class ReferenceV1Replica(ReferenceReplica):
     # --- after the step -------------------------------------------------------------------------
     def complete(self, step: Step, now: float) -> None:
         """Every chunk is computed; a request caught up with its tokens samples one."""
-        for g, n in step.chunks:
+        for g, n in step.chunks:  # every prefill chunk's blocks, before anyone frees
             g.num_computed += n
-            if self.alloc.prefix_caching:
-                B = self.alloc.block_size
-                keys = self.block_keys(g, g.num_computed // B)
-                self.alloc.register_full_blocks(g.seq, g.num_computed, keys)
+            self.cache_full_blocks(g, min(g.num_computed, g.catch_up_to))
+        for g, _ in step.chunks:
             if g.num_computed < g.num_tokens:
                 continue  # mid-prefill: nothing sampled
             g.recomputing = False  # caught up
@@ -687,9 +704,23 @@ class ReferenceV1Replica(ReferenceReplica):
             g.generated += 1
             if g.generated == g.target:
                 self.running.remove(g)
+                self.cache_full_blocks(g, g.num_computed)
                 self.alloc.free(g.seq)
                 g.finish_s = now
                 self.end(g, "finished", None)
+
+    def cache_full_blocks(self, g: V1Request, computed: int) -> None:
+        """Prefix caching: offer the blocks that ``g``'s first ``computed`` tokens fill to the
+        cache. A prefill chunk's blocks are offered when it completes; the blocks decode steps
+        fill, when the request frees them (finish or preemption). vLLM caches those as they
+        fill; the two differ only when another request looks up a generated block while its
+        request still decodes, which needs that request's answer in the other's prompt
+        (``output_token_ids``): a later turn that arrives before the earlier has finished.
+        A step's prefill chunks are offered before its finished requests free their blocks
+        (when both hold a block of the same content, the chunk's copy is the cached one)."""
+        if self.alloc.prefix_caching:
+            keys = self.block_keys(g, computed // self.alloc.block_size)
+            self.alloc.register_full_blocks(g.seq, computed, keys)
 
 
 # --- the simulation ----------------------------------------------------------------------------

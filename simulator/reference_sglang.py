@@ -54,15 +54,17 @@ IN_BATCH_TOKENS = 32  # lpm: prefixes shorter than this are compared within the 
 
 def request_tokens(request: Request) -> tuple:
     """Names of a request's tokens, prompt then output: equal names are the same token.
-    Real token ids are themselves; token j of Mooncake hash block h is named by (h, j),
-    token j of a named prefix by (prefix, j); every other token belongs to the request
-    alone. Names are ints in disjoint ranges (a tuple per token costs too much memory on
+    Real token ids are themselves, and so are the answer's (``output_token_ids``, when the
+    request knows them); token j of Mooncake hash block h is named by (h, j), token j of a
+    named prefix by (prefix, j); every other token belongs to the request alone. Names are ints in disjoint ranges (a tuple per token costs too much memory on
     40K-token prompts): real ids below 2^40, hash tokens at 2^40 + h x 2^20 + j, a
     request's own token i at -(request x 2^40 + i) - 1."""
     P, total = request.prompt_tokens, request.prompt_tokens + request.output_tokens
     names: list = []
     if request.token_ids is not None:
         names += request.token_ids
+        if getattr(request, "output_token_ids", None) is not None:
+            names += request.output_token_ids
     elif request.hash_ids:
         hb = request.hash_block_tokens
         assert hb < 2**20, "hash blocks of 2^20 tokens or more"

@@ -111,7 +111,7 @@ class SchedulerV1:
             self._end(g, Status.REJECTED, f"needs more KV slots than the whole cache ({self.alloc.capacity})")
         else:
             if self.cache is not None:  # the chained identities of its shared prompt blocks
-                g.prefix = self.cache.prefix_keys(prefix_contents(request, B))
+                g.prefix = self.cache.prefix_keys(prefix_contents(request, B, with_output=True))
             self.waiting.append(g)
         return g
 

@@ -12,13 +12,18 @@ conversation (a chat service's fixed instructions), so conversations share it to
 prompt carries its ``token_ids``, which is what both vLLM's block cache (chained block
 hashes) and SGLang's radix cache (token by token) match on.
 
-What a cache can hit. The engines name a request's *generated* tokens as unique to it
-(``simulator.decoding``, ``policies.radix_cache.request_tokens``): they do not know that
-the answer the trace puts into turn k+1's prompt is the one turn k generated. So turn k+1
-hits its conversation's cache up to the end of turn k's *prompt*; turn k's answer and the
-new user message are computed again. Real engines usually hit the answer too (the same
-tokens re-tokenised, chat-template tokens aside), so simulated hit ratios here are lower
-by about ``answer / prompt`` per turn, for both engines alike.
+What a cache can hit. Every turn carries its answer's ids (``output_token_ids``), the very
+ids the next prompt resends, and the engines name generated tokens by them
+(``simulator.decoding.prefix_contents`` for vLLM v1's chained block hashes,
+``policies.radix_cache.request_tokens`` for SGLang's tree): so turn k+1 hits its
+conversation's cache through turn k's prompt *and* answer (as real engines do, chat-template
+tokens aside), up to the last answer token, whose KV is never computed; only the new user
+message is computed. When those tokens become hits: SGLang inserts a request's generated
+tokens when it finishes; kvsim's vLLM v1 caches a generated block when its request frees it
+(finish or preemption) rather than as it fills, which differs only for a turn that arrives
+while the previous one still decodes (see below: a real user would not have the answer
+yet). vLLM v0 (``scheduler.policy: vllm-v0``) caches prompt blocks only, so there turn k+1
+hits up to the end of turn k's prompt.
 
 Arrivals are open loop (the engine has no closed-loop clients). Conversations start by a
 Poisson process (``conversation_rate`` per second); turn k+1 arrives at turn k's arrival
@@ -147,13 +152,17 @@ def _stream(spec: MultiTurnSpec, seed: int) -> Iterator[Request]:
         rng = conv.rng
         prompt = conv.history + _tokens(rng, _draw(rng, spec.user_tokens), spec.vocab_size)
         output = _draw(rng, spec.output_tokens)
-        yield Request(request_id, time, len(prompt), output, token_ids=prompt)
+        # The answer is drawn before the turn is sent (the same draws, in the same order, as
+        # when it was drawn only for the next prompt: the last turn's come after every other
+        # draw of its conversation, so no other turn changes).
+        answer = _tokens(rng, output, spec.vocab_size)
+        yield Request(request_id, time, len(prompt), output, token_ids=prompt, output_token_ids=answer)
         request_id += 1
         conv.turns_left -= 1
         if conv.turns_left == 0:
             del live[c]
             continue
-        conv.history = prompt + _tokens(rng, output, spec.vocab_size)  # the answer, resent
+        conv.history = prompt + answer  # the answer, resent
         think = float(rng.exponential(spec.think_time_s)) if spec.think_time_s > 0 else 0.0
         heapq.heappush(pending, (time + output * spec.assumed_tpot_s + think, c))
 

@@ -30,6 +30,23 @@ class Request:
     #: scheduling priority (larger = more important); the prefix caches' ``priority`` eviction
     #: policy evicts what only low-priority requests used first (SGLang's and TensorRT-LLM's rule)
     priority: int = 0
+    #: the answer's token ids (``output_tokens`` of them), when the trace knows them (a multi-turn
+    #: conversation resends them in its next prompt): the engines then name the generated tokens
+    #: by them, so a later prompt that contains prompt + answer hits the answer's KV too. Needs
+    #: ``token_ids`` (a generated token is shareable only after a prompt named by its content).
+    #: Parallel samples and beams (n, beam_width > 1) keep private generated tokens.
+    output_token_ids: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        out = self.output_token_ids
+        if out is None:
+            return
+        if len(out) != self.output_tokens:
+            raise ValueError(f"request {self.request_id}: output_token_ids has {len(out)} ids but "
+                             f"output_tokens is {self.output_tokens} (they must be equal)")
+        if self.token_ids is None:
+            raise ValueError(f"request {self.request_id}: output_token_ids needs token_ids (the "
+                             "prompt's ids) too")
 
     @property
     def num_seqs(self) -> int:

@@ -92,6 +92,8 @@ def clip_to_max_len(requests: Iterable[Request], max_seq_len: int) -> Iterator[R
             prefix_tokens=min(r.prefix_tokens, prompt),
             hash_ids=hash_ids,
             token_ids=None if r.token_ids is None else r.token_ids[:prompt],
+            output_token_ids=(None if r.output_token_ids is None
+                              else r.output_token_ids[:min(r.output_tokens, max_seq_len - prompt)]),
         )
 
 

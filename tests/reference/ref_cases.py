@@ -188,12 +188,25 @@ def token_prompts(draw, count: int, max_prompt: int) -> list[tuple[int, ...]]:
     return prompts
 
 
+def follow_up(draw, earlier: list[Request], own: tuple[int, ...], limit: int) -> tuple[int, ...]:
+    """A next turn: the prompt and answer (``output_token_ids``) of one earlier request that
+    knows its answer, then ``own`` tokens, cut to ``limit`` tokens; ``own`` alone when no
+    earlier request knows its answer."""
+    answered = [r for r in earlier if r.output_token_ids is not None]
+    if not answered:
+        return own
+    r = draw(st.sampled_from(answered))
+    return (r.token_ids + r.output_token_ids + own)[:max(limit, 1)]
+
+
 @st.composite
 def v1_workloads(draw, max_len: int, max_count: int = 12) -> list[Request]:
     """One-sequence requests (a rare n > 1 or beam request: rejected under v1) with shared
-    prefixes: prefix ids, Mooncake hash ids, or real token ids."""
+    prefixes: prefix ids, Mooncake hash ids, or real token ids. Requests with token ids
+    often know their answer (``output_token_ids``), and a later one often resends an
+    earlier one's prompt + answer (a conversation's next turn)."""
     count = draw(st.integers(1, max_count))
-    sharing = draw(st.sampled_from(["none", "prefix", "hash", "tokens", "mixed"]))
+    sharing = draw(st.sampled_from(["none", "prefix", "hash", "tokens", "tokens", "mixed"]))
     tokens = draw(token_prompts(count, max_len // 2)) if sharing == "tokens" else []
     requests, t = [], 0.0
     for i in range(count):
@@ -220,8 +233,14 @@ def v1_workloads(draw, max_len: int, max_count: int = 12) -> list[Request]:
             )
             extra["hash_block_tokens"] = HASH_BLOCK_TOKENS
         elif kind == "tokens":
-            extra["token_ids"] = tokens[i]
-            prompt = len(tokens[i])
+            ids = tokens[i]
+            if draw(st.booleans()):  # a next turn (its prompt + output fits the model)
+                ids = follow_up(draw, requests, ids, max_len - output)
+            extra["token_ids"] = ids
+            prompt = len(ids)
+            if draw(st.integers(0, 3)):  # most know their answer
+                extra["output_token_ids"] = tuple(
+                    draw(st.lists(st.integers(0, 3), min_size=output, max_size=output)))
         requests.append(Request(i, round(t, 6), prompt, output, **extra))
     return requests
 
@@ -307,7 +326,9 @@ def sglang_pressure_cases(draw) -> tuple[dict, list[Request]]:
     requests = [
         Request(r.request_id, 0.0, r.prompt_tokens, max(r.output_tokens, 60), prefix_id=r.prefix_id,
                 prefix_tokens=r.prefix_tokens, hash_ids=r.hash_ids,
-                hash_block_tokens=r.hash_block_tokens, token_ids=r.token_ids)
+                hash_block_tokens=r.hash_block_tokens, token_ids=r.token_ids,
+                output_token_ids=None if r.output_token_ids is None  # the longer answer: padded
+                else r.output_token_ids + (0,) * (max(r.output_tokens, 60) - r.output_tokens))
         for r in requests
     ]
     return cfg, requests

@@ -327,11 +327,12 @@ def test_sglang_retraction_under_memory_pressure_equals_reference(case):
 
 def test_sglang_cases_retract_hit_and_evict():
     """The sglang strategies reach the rules they are meant to test. Measured over 200 cases
-    each as the differential tests draw them: ``sglang_cases`` hit the cache in 55%, evicted
-    in 50%, retracted in 2.5% (a chunk smaller than a page, which stalled both engines, is
-    now a config error and is not drawn); ``sglang_pressure_cases`` retracted in 68%, hit in 62%, evicted in 79%.
+    each as the differential tests draw them: ``sglang_cases`` hit the cache in 47.5%, evicted
+    in 22.5%, retracted in 2.5% since most token-id requests carry answer ids (55 / 50 / 2.5
+    before; a chunk smaller than a page, which stalled both engines, is a config error and
+    is not drawn); ``sglang_pressure_cases`` retracted in 68%, hit in 62%, evicted in 79%.
     Here the first 100 derandomised cases each (smaller ones: hypothesis starts small;
-    measured 52 / 37 / 7 hit / evict / retract, and 49 / 47 / 40 under pressure)."""
+    measured 27 / 25 / 9 hit / evict / retract, and the pressure counts below)."""
     seen: dict[str, dict[str, int]] = {}
 
     def tally(name: str, case) -> None:
@@ -360,7 +361,7 @@ def test_sglang_cases_retract_hit_and_evict():
     random, pressure = seen["random"], seen["pressure"]
     assert random["cases"] == pressure["cases"] == 100
     # (random cases retract rarely, 0-3 in 100 depending on the draw: pressure cases cover it)
-    assert random["hit"] >= 30 and random["evict"] >= 20, random
+    assert random["hit"] >= 20 and random["evict"] >= 20, random
     assert pressure["retract"] >= 25 and pressure["hit"] >= 30 and pressure["evict"] >= 30, pressure
 
 
