@@ -442,6 +442,8 @@ class Scheduler:
             return 0
         if self.beam_groups:
             return 0
+        if self.waiting and self.blocked == "swapped" and not self.swapped:
+            return 0  # the swapped groups that blocked admission were aborted in this step
         return self._lockstep_room(limit, scheduled=1)
 
     def continue_length(self, limit: int) -> int:

@@ -382,3 +382,22 @@ def test_sglang_lpm_falls_back_to_arrival_order_while_more_than_128_wait():
     assert result.steps["waiting"].max() > 128, "the queue must exceed lpm's 128"
     assert result.totals.counters["cached_tokens"] > 0, "the case must hit the radix cache"
     assert_same(cfg, requests)
+
+
+def test_a_swapped_group_aborted_at_swap_in_unblocks_the_waiting_head():
+    """Found by a long differential run (vllm-v0, block 128, four blocks of KV): request 3
+    (n=2) is swapped out, request 2 is preempted for recomputation and waits behind it.
+    When request 3 can no longer fit, the swap-in aborts it during a decode step; the
+    waiting request 2 is admitted at the very next step. The fast engine planned that
+    step as the first of a two-iteration run (the head still read as blocked by the
+    swapped queue, now empty), so requests 1 and 2 finished in each other's order."""
+    cfg = base_config(256, 512, 1024)
+    cfg["allocator"] = {"kind": "paged", "block_size": 128, "watermark": 0.0}
+    cfg["scheduler"] = {"max_num_seqs": 256, "max_num_batched_tokens": 1024}
+    cfg["preemption"] = {"mode": "recompute"}
+    requests = [Request(i, 0.0, p, o, n=n) for i, (p, o, n) in
+                enumerate([(1, 3, 2), (111, 21, 1), (1, 2, 1), (128, 17, 2)])]
+    result = simulate(ExperimentConfig.model_validate(cfg), requests)
+    assert result.requests.set_index("request_id").loc[3, "status"] == "aborted"
+    assert result.requests["preemptions"].sum() >= 2
+    assert_same(cfg, requests)
