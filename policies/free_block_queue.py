@@ -68,10 +68,8 @@ class FreeBlockQueue:
             blocks = list(blocks)
         if not blocks:
             return
-        order, fresh = self._order, self._fresh
-        # a freed block was taken, so it lies below the never-used ones (checked at C speed)
-        clash_fresh = fresh and max(blocks) >= fresh.start and any(map(fresh.__contains__, blocks))
-        if clash_fresh or not order.keys().isdisjoint(blocks):
+        order = self._order
+        if self._any_fresh(blocks) or not order.keys().isdisjoint(blocks):
             queued = next(b for b in blocks if b in self)
             raise ValueError(f"block {queued} is already in the free queue")
         before = len(order)
@@ -100,21 +98,21 @@ class FreeBlockQueue:
         taken += [pop(last=False)[0] for _ in range(count - len(taken))]
         return taken
 
+    def _any_fresh(self, blocks: list[int] | tuple[int, ...]) -> bool:
+        """Whether any of ``blocks`` is still never used (at C speed: a block taken lies
+        below the never-used range)."""
+        fresh = self._fresh
+        return bool(fresh and blocks and max(blocks) >= fresh.start and any(map(fresh.__contains__, blocks)))
+
     def remove(self, block: int) -> None:
         """Take a block out of the middle (a prefix-cache hit on a free block)."""
-        if block in self._fresh:
-            self._spill()
-        try:
-            del self._order[block]
-        except KeyError:
-            raise ValueError(f"block {block} is not in the free queue") from None
+        self.remove_many((block,))
 
     def remove_many(self, blocks: Iterable[int]) -> None:
         """Take several blocks out of the middle (the free blocks of one prefix hit)."""
         if not isinstance(blocks, (list, tuple)):
             blocks = list(blocks)
-        fresh = self._fresh
-        if fresh and blocks and max(blocks) >= fresh.start and any(map(fresh.__contains__, blocks)):
+        if self._any_fresh(blocks):
             self._spill()
         order = self._order
         for b in blocks:

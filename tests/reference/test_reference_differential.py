@@ -303,7 +303,7 @@ def test_the_v1_comparison_sees_a_planted_difference(monkeypatch):
 )
 @given(sglang_cases())
 def test_sglang_fast_engine_equals_reference(case):
-    """``scheduler.policy: sglang``: lpm / dfs-weight / fcfs, lru / lfu / fifo / priority
+    """``scheduler.policy: sglang``: lpm / dfs-weight / fcfs, lru / lfu / fifo / arc / priority
     eviction, pages of 1, 16 and 64 tokens, chunks from 16 tokens to none, mixed chunks,
     prefix ids, hash ids and token-id prompts sharing unaligned prefixes, 1-3 replicas."""
     config, requests = case
