@@ -130,54 +130,54 @@ class GPUBlockPool:
         self, device_blocks: list[int], host_blocks: list[int], *, batched: bool
     ) -> int:
         """Copy device blocks into host blocks (all layers); returns the transfers issued."""
-        if len(device_blocks) != len(host_blocks):
-            raise ValueError("device_blocks and host_blocks differ in length")
-        if not device_blocks:
-            return 0
-        if not batched:
-            kv, host = self.kv, self.cpu_kv
-            for layer in range(self.num_layers):
-                for d, h in zip(device_blocks, host_blocks):
-                    host[layer, h, 0].copy_(kv[layer, d, 0], non_blocking=True)
-                    host[layer, h, 1].copy_(kv[layer, d, 1], non_blocking=True)
-            return 2 * self.num_layers * len(device_blocks)
-        pairs = sorted(zip(host_blocks, device_blocks))
-        host_sorted = [h for h, _ in pairs]
-        staging = self.kv.index_select(1, self._index([d for _, d in pairs]))
-        runs = _runs(host_sorted)
-        for layer in range(self.num_layers):
-            for i, first, n in runs:
-                self.cpu_kv[layer, first : first + n].copy_(
-                    staging[layer, i : i + n], non_blocking=True
-                )
-        return self.num_layers * len(runs)
+        return self._transfer(device_blocks, host_blocks, batched=batched, to_host=True)
 
     def copy_to_device(
         self, host_blocks: list[int], device_blocks: list[int], *, batched: bool
     ) -> int:
         """Copy host blocks into device blocks (all layers); returns the transfers issued."""
+        return self._transfer(device_blocks, host_blocks, batched=batched, to_host=False)
+
+    def _transfer(
+        self, device_blocks: list[int], host_blocks: list[int], *, batched: bool, to_host: bool
+    ) -> int:
+        """``device_blocks[i]`` <-> ``host_blocks[i]``, all layers, in the direction ``to_host``
+        says; returns the transfers issued. One body for both directions: a swap out and a
+        swap in are the same copies with source and destination exchanged (the module
+        docstring's two modes)."""
         if len(device_blocks) != len(host_blocks):
             raise ValueError("device_blocks and host_blocks differ in length")
         if not device_blocks:
             return 0
-        if not batched:
-            kv, host = self.kv, self.cpu_kv
+        kv, host = self.kv, self.cpu_kv
+        if not batched:  # per block, per layer, K and V separately
+            src, dst = (kv, host) if to_host else (host, kv)
+            moves = list(zip(device_blocks, host_blocks) if to_host else zip(host_blocks, device_blocks))
             for layer in range(self.num_layers):
-                for h, d in zip(host_blocks, device_blocks):
-                    kv[layer, d, 0].copy_(host[layer, h, 0], non_blocking=True)
-                    kv[layer, d, 1].copy_(host[layer, h, 1], non_blocking=True)
+                for a, b in moves:
+                    dst[layer, b, 0].copy_(src[layer, a, 0], non_blocking=True)
+                    dst[layer, b, 1].copy_(src[layer, a, 1], non_blocking=True)
             return 2 * self.num_layers * len(device_blocks)
+        # Batched: a device staging tensor in host-block order, one transfer per layer and run
+        # of consecutive host blocks; the gather (out) or scatter (in) is one kernel.
         pairs = sorted(zip(host_blocks, device_blocks))
         runs = _runs([h for h, _ in pairs])
-        staging = torch.empty(
-            (self.num_layers, len(pairs), *self.kv.shape[2:]), dtype=self.dtype, device=self.device
-        )
+        index = self._index([d for _, d in pairs])
+        if to_host:
+            staging = kv.index_select(1, index)
+        else:
+            staging = torch.empty(
+                (self.num_layers, len(pairs), *kv.shape[2:]), dtype=self.dtype, device=self.device
+            )
         for layer in range(self.num_layers):
             for i, first, n in runs:
-                staging[layer, i : i + n].copy_(
-                    self.cpu_kv[layer, first : first + n], non_blocking=True
-                )
-        self.kv.index_copy_(1, self._index([d for _, d in pairs]), staging)
+                on_device, on_host = staging[layer, i : i + n], host[layer, first : first + n]
+                if to_host:
+                    on_host.copy_(on_device, non_blocking=True)
+                else:
+                    on_device.copy_(on_host, non_blocking=True)
+        if not to_host:
+            kv.index_copy_(1, index, staging)
         return self.num_layers * len(runs)
 
     def swap_out(self, blocks: list[int], *, batched: bool = False) -> list[int]:

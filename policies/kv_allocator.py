@@ -79,7 +79,7 @@ class SwapResult:
     slots: int
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class RunWeights:
     """How long each iteration of a run of identical decode steps lasts.
 
@@ -95,8 +95,11 @@ class RunWeights:
     slope: float  # seconds added per iteration
     total: float = field(init=False)  # seconds of the whole run
 
-    def __post_init__(self) -> None:
-        self.total = self.elapsed(self.steps)
+    def __init__(self, steps: int, first: float, slope: float) -> None:
+        # Written out, not generated: the fast path builds one per run, and the generated
+        # ``__init__`` plus a ``__post_init__`` cost a call more (issue 17, make bench).
+        self.steps, self.first, self.slope = steps, first, slope
+        self.total = self.elapsed(steps)
 
     def elapsed(self, m: int) -> float:
         """Seconds of the first ``m`` iterations."""

@@ -151,7 +151,7 @@ class PagedAllocator(KVAllocator):
     @property
     def lazy_tables(self) -> bool:
         """Whether block tables are still lazy (nothing has been shared yet)."""
-        return isinstance(self._tables_mode, LazyTables)
+        return self._tables_mode.lazy
 
     @property
     def owed_blocks(self) -> int:
@@ -220,10 +220,13 @@ class PagedAllocator(KVAllocator):
 
     def _take(self) -> int:
         """One block for new content: a free one, else evict the least recently used cached one."""
+        pool = self.pool
+        if pool.free_list and not self._tables_mode.owed:  # the usual case (a copy per beam fork): one call
+            return pool.allocate()
         if self.num_free_blocks <= 0:
             raise OutOfBlocks("no free GPU block (the caller skipped a check)")
-        if self.pool.num_free:
-            return self.pool.allocate()
+        if pool.free_list:
+            return pool.allocate()
         if self._cache_order is None:
             block, _ = self._evictable.popitem(last=False)
         else:  # the policy's victim among the evictable cached blocks
@@ -238,7 +241,7 @@ class PagedAllocator(KVAllocator):
     def _take_many(self, count: int) -> list[int]:
         if count > self.num_free_blocks:  # (blocks owed to lazy tables are not free)
             raise OutOfBlocks(f"asked for {count} GPU blocks, {self.num_free_blocks} free (the caller skipped a check)")
-        if count <= self.pool.num_free:
+        if count <= len(self.pool.free_list):
             return self.pool.allocate_many(count)
         return [self._take() for _ in range(count)]
 
@@ -359,21 +362,19 @@ class PagedAllocator(KVAllocator):
         return min(len(hits) * B, prompt_len - 1)
 
     # --- growth and sharing ---------------------------------------------------------
-    def _append_takes(self, s: int) -> int:
-        """Blocks one more token takes for resident ``s``: a new block when its last is
-        full, else a private copy when its partly filled last block is shared."""
-        n = self._kv[s] + self._clock
-        if blocks_to_grow(n, 1, self.block_size):
-            return 1
-        return 1 if self.pool.refcount(self._tables[s][-1]) > 1 else 0
-
     def try_append(self, seq_ids: Sequence[int]) -> bool:
         """One slot for each of ``seq_ids`` (the per-sequence path: group by group under
         memory pressure, after a swap-in, or past a sequence's final length)."""
-        if sum(map(self._append_takes, seq_ids)) > self.num_free_blocks:
-            return False
         B, clock, kv, tables = self.block_size, self._clock, self._kv, self._tables
-        filled, final, refcount = self._filled, self._final, self.pool.refcount
+        filled, final, refcount = self._filled, self._final, self.pool.refcounts
+        # Blocks one more token takes for each: a new block when its last is full, else a
+        # private copy when its partly filled last block is shared.
+        takes = 0
+        for s in seq_ids:
+            if blocks_to_grow(kv[s] + clock, 1, B) or refcount[tables[s][-1]] > 1:
+                takes += 1
+        if takes > self.num_free_blocks:
+            return False
         for s in seq_ids:
             self._fill_in(s)
             self._leave(s)
@@ -385,7 +386,7 @@ class PagedAllocator(KVAllocator):
                 self._grow(s, [block])
             else:
                 block = table[-1]
-                if refcount(block) > 1:
+                if refcount[block] > 1:
                     block = self._copy_last(table, off)
             filled[block] = off + 1
             kv[s] += 1
@@ -502,7 +503,8 @@ class PagedAllocator(KVAllocator):
     def fork_into(self, parent: int, target: int, target_final_len: int) -> None:
         """Beams share their history: only the blocks after the tables' common prefix
         change hands (the prefix keeps its references), not the whole table."""
-        self._share()
+        if self._tables_mode.lazy:  # (beams fork every step: no call once tables are exact)
+            self._share()
         kv, final = self._kv, self._final
         old, new = self._tables[target], self._tables[parent]
         same = common_prefix(old, new)
@@ -599,7 +601,7 @@ class PagedAllocator(KVAllocator):
         k_max = min(room.values()) - c0
         if limit < k_max:
             k_max = limit
-        if k_max <= 0 or self._pending_copies():
+        if k_max <= 0 or (not self._tables_mode.lazy and self._pending_copies()):  # lazy: nothing shared
             return 0
         # B consecutive appends take exactly one block per sequence.
         free, n, due = self.num_free_blocks, self._res_seqs, self._due
@@ -638,14 +640,11 @@ class PagedAllocator(KVAllocator):
         token_states = start.token_states * D + n * ramp
         reserved = start.reserved * D + B * block_seconds - n * ramp - over_seconds
         free = start.free * D - B * block_seconds
-        return MemoryUsage(
-            capacity=self.capacity * D,
-            token_states=token_states,
-            reserved=reserved,
-            internal_frag=self.capacity * D - token_states - reserved - free,
-            free=free,
-            unshared=start.unshared * D + B * block_seconds,
-        )
+        # (capacity, token_states, reserved, internal_frag, free, unshared): positional, as
+        # one is built per run
+        return MemoryUsage(self.capacity * D, token_states, reserved,
+                           self.capacity * D - token_states - reserved - free, free,
+                           start.unshared * D + B * block_seconds)
 
     def _refresh_fill(self, s: int) -> None:
         """Write the fill of a resident sequence's last block (lockstep appends leave it stale)."""
@@ -767,6 +766,7 @@ class ExactTables:
     """Every table lists every block its sequence holds: the plain ledger's way, used
     from the first share on (and from the start with a prefix cache)."""
 
+    lazy = False
     owed = 0  # blocks held beyond the listed tables: none, ever
 
     def __init__(self, alloc: PagedAllocator):
@@ -865,6 +865,8 @@ class ExactTables:
 class LazyTables:
     """While nothing is shared: tables may lag behind, and the lockstep path counts the
     blocks it takes (``owed``) instead of listing them (see the module docstring)."""
+
+    lazy = True
 
     def __init__(self, alloc: PagedAllocator):
         self.alloc = alloc

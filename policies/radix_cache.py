@@ -37,6 +37,13 @@ the query by one slice comparison (C speed), and only when they differ does a bi
 search of slice comparisons find the split point. Time is a logical counter (one tick per
 operation), so runs are deterministic.
 
+Cache tiers (``allocator.tiers``, ``simulator.cache_tiers``; SGLang's HiCache host tier)
+hold *pages*, named by :class:`PageChain`: page j of a token sequence is interned from
+(page j - 1's name, its ``page_size`` tokens), so two sequences share a page name exactly
+when they agree on every token up to its end (the chained identity vLLM's blocks have,
+``policies.key_chain``). :attr:`RadixCacheAllocator.on_evict` hears of every page the tree
+evicts (write-back), a node's pages first to last with the node's priority.
+
 Memory (token slots, :meth:`RadixCacheAllocator.classes`): every slot is in exactly one of
 ``locked`` (tree tokens on some running request's path), ``evictable`` (cached, no running
 request refers to it: SGLang's evictable size), ``private`` (a running request's own
@@ -47,7 +54,7 @@ tokens not yet in the tree), ``page_slack`` (the rest of a running request's las
 from __future__ import annotations
 
 import heapq
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
 from kvsim.policies.eviction_order import EVICTION_POLICIES, EvictionOrder
@@ -99,6 +106,7 @@ class RadixTree:
         self._heap: list[tuple[tuple, int, int, Node]] = []  # (policy key, uid, stamp, node)
         # arc: the order of nodes (the heap stays empty)
         self._arc = EvictionOrder("arc", capacity_pages, _ghost) if eviction == "arc" else None
+        self.on_evict: Callable[[Node], None] | None = None  # told of each node evicted (cache tiers)
 
     # --- keys ---------------------------------------------------------------------------
     def _edge(self, tokens: Sequence[Hashable], pos: int) -> Hashable:
@@ -243,6 +251,8 @@ class RadixTree:
                 _, _, stamp, node = heapq.heappop(heap)
                 if node.stamp != stamp or node.lock_ref or node.children:
                     continue  # stale: evicted, re-filed since, locked or not a leaf any more
+            if self.on_evict is not None:
+                self.on_evict(node)
             parent = node.parent
             del parent.children[self._edge(node.key, 0)]
             size = len(node.key)
@@ -311,6 +321,29 @@ def _evictable(node: Node) -> bool:
     return not node.lock_ref and not node.children
 
 
+class PageChain:
+    """Names of token pages for cache tiers: page j of a sequence is the interned pair
+    (page j - 1's name, its tokens), the first page's parent being -1. Names are small ints
+    in first-seen order; only equality matters (the reference names a page by the tuple of
+    its sequence's tokens up to the page's end: the same equality, kept plainly)."""
+
+    def __init__(self, page_size: int):
+        self.page_size = page_size
+        self._ids: dict[tuple[int, Tokens], int] = {}
+
+    def extend(self, tokens: Sequence[Hashable], keys: list[int], stop: int) -> list[int]:
+        """Grow ``keys`` (the names of ``tokens``' first pages, in place) to ``stop`` pages."""
+        P, ids = self.page_size, self._ids
+        parent = keys[-1] if keys else -1
+        for j in range(len(keys), stop):
+            pair = (parent, tuple(tokens[j * P:(j + 1) * P]))
+            parent = ids.get(pair, -1)
+            if parent < 0:
+                parent = ids[pair] = len(ids)
+            keys.append(parent)
+        return keys
+
+
 @dataclass(slots=True)
 class _Held:
     """A running request's KV: ``cached`` leading tokens through the tree (``node``
@@ -360,6 +393,32 @@ class RadixCacheAllocator:
         self.prefix_lookups = 0  # tokens looked up at admission
         self.prefix_hits = 0  # ... of which found cached
         self.duplicate_tokens = 0  # computed tokens freed because the tree already had them
+        self.pages = PageChain(page_size)  # page names for cache tiers
+        self.on_evict: Callable[[list, list, list], None] | None = None  # (keys, parents, priorities)
+
+    def listen_evictions(self, on_evict: Callable[[list, list, list], None]) -> None:
+        """Tell ``on_evict(keys, parents, priorities)`` of every page the tree evicts (write-back
+        into a cache tier): a node's pages first to last, each with its chain parent (None for
+        a sequence's first page) and the node's priority."""
+        self.on_evict = on_evict
+        self.tree.on_evict = self._evicted
+
+    def _evicted(self, node: Node) -> None:
+        path, m, root = [], node, self.tree.root
+        while m is not root:
+            path.append(m.key)
+            m = m.parent
+        tokens = tuple(t for key in reversed(path) for t in key)
+        P = self.page_size
+        keys = self.pages.extend(tokens, [], node.end // P)
+        first = (node.end - len(node.key)) // P
+        mine = keys[first:]
+        self.on_evict(mine, [keys[j - 1] if j else None for j in range(first, len(keys))],
+                      [node.priority] * len(mine))
+
+    def cached_len(self, rid: int) -> int:
+        """Tokens of a running request that are tree tokens (its locked prefix)."""
+        return self.held[rid].cached
 
     @property
     def evictions(self) -> int:

@@ -425,6 +425,11 @@ class ReferenceFreeQueueAllocator:
     the block by a holder refreshes its recency and raises its priority to the holder's.
     One clock tick per hit and per release of a cached block.
 
+    Cache tiers below the GPU (``simulator.reference.ReferenceTiers``) read three more facts:
+    each key's chain parent (``parents``), the priority of the request that named the cached
+    block (``namer``: it computed or loaded it first), and, with ``log_evictions``, every
+    eviction as (key, parent, namer's priority) in ``evicted`` (the engine drains it).
+
     Nothing is swapped, forked or copied: vLLM v1 preempts by recomputation and runs one
     sequence per request. Memory classes as in :class:`ReferencePagedAllocator`: every block
     in the free queue (cached or not) is free.
@@ -434,6 +439,7 @@ class ReferenceFreeQueueAllocator:
     block_size: int
     prefix_caching: bool = False
     eviction: str = "lru"
+    log_evictions: bool = False  # keep ``evicted`` for a tier that stores what the GPU evicts
     prefix_lookups: int = field(default=0, init=False)  # full blocks looked up at admission
     prefix_hits: int = field(default=0, init=False)  # ... and found
     evictions: int = field(default=0, init=False)
@@ -448,7 +454,10 @@ class ReferenceFreeQueueAllocator:
         self.final: dict[int, int] = {}  # sequence -> tokens it will finally store
         self.offered: dict[int, int] = {}  # sequence -> its leading blocks already registered
         self.names: dict[tuple[int, Hashable], int] = {}  # (parent key, content) -> key
+        self.parents: dict[int, int | None] = {}  # key -> its parent's key (None: a chain's first)
         self.cache: dict[int, int] = {}  # key -> the block holding that content
+        self.namer: dict[int, int] = {}  # cached key -> priority of the request that named it
+        self.evicted: list[tuple[int, int | None, int]] = []  # (key, parent, namer's priority)
         self.key_of: dict[int, int] = {}  # block -> its key
         self.priority: dict[int, int] = {}  # sequence -> its request's priority
         self.cached_free: set[int] = set()  # eviction policies other than lru: free cached blocks
@@ -458,7 +467,10 @@ class ReferenceFreeQueueAllocator:
     # --- keys ---------------------------------------------------------------------------
     def chain_key(self, parent: int, content: Hashable) -> int:
         """The key of a block with ``content`` after the block keyed ``parent`` (-1: first)."""
-        return self.names.setdefault((parent, content), len(self.names))
+        if (parent, content) not in self.names:
+            key = self.names[(parent, content)] = len(self.names)
+            self.parents[key] = None if parent == -1 else parent
+        return self.names[(parent, content)]
 
     def cached_blocks(self, keys: Sequence[int]) -> list[int]:
         """Blocks of the longest run of leading ``keys`` found in the cache."""
@@ -483,7 +495,11 @@ class ReferenceFreeQueueAllocator:
             block = self.cache[victim]
             self.cached_free.remove(block)
         if block in self.key_of:
-            del self.cache[self.key_of.pop(block)]
+            key = self.key_of.pop(block)
+            del self.cache[key]
+            priority = self.namer.pop(key)
+            if self.log_evictions:
+                self.evicted.append((key, self.parents[key], priority))
             self.evictions += 1
         self.holders[block] = 1
         self.filled[block] = 0
@@ -496,10 +512,12 @@ class ReferenceFreeQueueAllocator:
         return blocks_for(tokens, self.block_size) - held_hits
 
     # --- a sequence's life --------------------------------------------------------------------
-    def open(self, s: int, hits: list[int], tokens: int, final: int, looked_up: int, priority: int = 0) -> None:
+    def open(self, s: int, hits: list[int], tokens: int, final: int, looked_up: int, priority: int = 0,
+             count_hits: bool = True) -> None:
         """Sequence ``s`` starts holding the cached ``hits`` (full blocks) and fresh blocks up
         to ``tokens`` slots (the caller checked ``free_blocks_needed``); ``looked_up`` full
-        blocks were searched in the cache; ``priority``: its request's."""
+        blocks were searched in the cache; ``priority``: its request's; ``count_hits`` False:
+        the hits were counted already (when the request's load from a cache tier started)."""
         for b in hits:
             if self.eviction != "lru":  # a use of the cached content
                 self.clock += 1
@@ -514,7 +532,7 @@ class ReferenceFreeQueueAllocator:
             self.holders[b] += 1
         self.priority[s] = priority
         self.prefix_lookups += looked_up
-        self.prefix_hits += len(hits)
+        self.prefix_hits += len(hits) if count_hits else 0
         self.tables[s] = list(hits)
         self.kv[s] = len(hits) * self.block_size
         self.final[s] = final
@@ -543,6 +561,7 @@ class ReferenceFreeQueueAllocator:
             if keys[j] not in self.cache:  # else another block holds that content: keep it
                 self.cache[keys[j]] = table[j]
                 self.key_of[table[j]] = keys[j]
+                self.namer[keys[j]] = self.priority[s]
         self.offered[s] = max(self.offered[s], computed // self.block_size)
 
     def free(self, s: int) -> None:
@@ -588,5 +607,6 @@ class ReferenceFreeQueueAllocator:
         )
         assert all(self.cache[k] == b for b, k in self.key_of.items()), "cache and keys disagree"
         assert len(self.cache) == len(self.key_of)
+        assert self.namer.keys() == self.cache.keys(), "a cached key's namer is not kept"
         assert all(b in self.key_of for b in self.cached_free), "an uncached block waits with the cached"
         assert all(k in self.cache for k in self.policy.facts), "the policy remembers an evicted key"

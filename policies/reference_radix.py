@@ -38,6 +38,12 @@ Rules (one place each):
   whole pages join the tree, and at its end its prompt and output do (the unaligned tail
   is freed); a retracted request's private slots are freed and nothing is inserted.
 
+Cache tiers (``allocator.tiers``) name a page by the tuple of its sequence's tokens from the
+first up to the page's end (two sequences share a page exactly when those agree; the fast
+cache interns the same thing as a chain of (parent page, page tokens)). With
+``log_evictions`` every evicted node's pages are appended to ``evicted`` as (name, parent
+page's name or None, the node's priority), first to last (write-back).
+
 Memory classes (slots, summing to ``capacity``): ``token_states`` = tree tokens on a running
 request's path plus the running requests' private tokens; ``reserved`` = private slack up to
 a request's final length; ``internal_frag`` = private slack past it; ``free`` = free slots and
@@ -120,6 +126,8 @@ class ReferenceRadixCache:
         self.evictions = 0  # tokens evicted
         # arc: T1/T2, ghosts and the target p, kept plainly (ghost: where a node ends, its tokens)
         self.arc = PlainEvictionOrder("arc", self.capacity // page_size, lambda n: (n.end(), n.tokens))
+        self.log_evictions = False  # cache tiers with write-back: note evicted pages
+        self.evicted: list[tuple[tuple, tuple | None, int]] = []  # (page name, parent's, priority)
 
     # --- what the tree holds (recomputed on every question) -----------------------------
     def nodes(self) -> list[RadixNode]:
@@ -227,10 +235,19 @@ class ReferenceRadixCache:
             else:
                 key = EVICTION_KEYS[self.eviction]
                 victim = min(leaves, key=lambda n: (key(n), n.number))
+            if self.log_evictions:
+                self.log_pages(victim)
             del victim.parent.children[self.edge(victim.tokens, 0)]
             freed += len(victim.tokens)
         self.evictions += freed
         return freed
+
+    def log_pages(self, node: RadixNode) -> None:
+        """Note ``node``'s pages, first to last, as evicted (write-back into a cache tier)."""
+        path = tuple(t for n in node.path() for t in n.tokens)
+        P, end = self.page_size, len(path)
+        for stop in range(end - len(node.tokens) + P, end + 1, P):
+            self.evicted.append((path[:stop], path[:stop - P] if stop > P else None, node.priority))
 
     # --- a request's life ---------------------------------------------------------------
     def open(self, rid: int, tokens: Sequence[Hashable], num_tokens: int, final_len: int,

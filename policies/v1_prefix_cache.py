@@ -68,7 +68,7 @@ refcount update per block held or released, and one cache-index entry per regist
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from itertools import chain, repeat
 
 from kvsim.policies.block_pool import QueuedBlockPool
@@ -108,6 +108,12 @@ class V1PrefixCacheAllocator(PagedAllocator):
         self._names: dict[int, tuple[list[int], int]] = {}  # seq -> (shared prefix keys, request id)
         self._named: dict[int, int] = {}  # seq -> leading blocks already named (registered or duplicate)
         self._priority: dict[int, int] = {}  # seq -> its request's priority (read by the eviction order)
+        # Cache tiers (simulator.cache_tiers): blocks held by requests loading from a lower tier,
+        # and, when a tier stores what the GPU evicts, each cached key's (parent, priority).
+        self._loading: dict[int, tuple[list[int], int]] = {}  # seq -> (hit + fresh blocks, hits)
+        self._loading_blocks = 0  # blocks in those tables
+        self.on_evict: Callable[[list, list, list], None] | None = None  # (keys, parents, priorities)
+        self._meta: dict[Hashable, tuple[Hashable | None, int]] = {}
 
     # --- identities ----------------------------------------------------------------------
     def prefix_keys(self, prefix: Sequence[Hashable]) -> list[int]:
@@ -166,6 +172,10 @@ class V1PrefixCacheAllocator(PagedAllocator):
         self._priority[seq_id] = priority
         self.prefix_lookups += lookups
 
+    def named_blocks(self, seq_id: int) -> int:
+        """How many leading blocks of the sequence are named (cached, or duplicates of cached ones)."""
+        return self._named[seq_id]
+
     def register_full(self, seq_id: int) -> None:
         """Cache the sequence's blocks that are full now and not yet named (the first
         block computed with an identity stays its cached copy)."""
@@ -176,6 +186,9 @@ class V1PrefixCacheAllocator(PagedAllocator):
         keys, rid = self._names[seq_id]
         table, cached, key_of = self._tables[seq_id], self._cached, self._key_of
         new = list(block_identities(keys, rid, start, full))  # distinct: one chain's positions
+        if self.on_evict is not None:
+            self._remember(new, next(block_identities(keys, rid, start - 1, start)) if start else None,
+                           self._priority[seq_id])
         if cached.keys().isdisjoint(new):  # the usual case: the whole run at once, at C speed
             blocks = table[start:full]
             cached.update(zip(new, blocks))
@@ -198,6 +211,9 @@ class V1PrefixCacheAllocator(PagedAllocator):
             for key in evicted:
                 del cached[key]
             self.evictions += len(evicted)
+            if evicted and self.on_evict is not None:
+                meta = [self._meta.pop(k) for k in evicted]
+                self.on_evict(evicted, [m[0] for m in meta], [m[1] for m in meta])
 
     def _take(self) -> int:
         block = self.pool.allocate()
@@ -225,16 +241,16 @@ class V1PrefixCacheAllocator(PagedAllocator):
     def free(self, seq_id: int) -> None:
         self.register_full(seq_id)
         if self._order is not None:
-            self._note_release(seq_id)
+            self._note_release(self._tables[seq_id], self._priority[seq_id])
         super().free(seq_id)
         del self._names[seq_id], self._named[seq_id], self._priority[seq_id]
 
-    def _note_release(self, seq_id: int) -> None:
-        """Tell the eviction order that the sequence lets go of its cached blocks (last
-        block first, as they are released): recency and priority; the block a release
-        frees is filed as evictable by the queue."""
-        order, key_of, prio = self._order, self._key_of, self._priority[seq_id]
-        for b in reversed(self._tables[seq_id]):
+    def _note_release(self, table: list[int], prio: int) -> None:
+        """Tell the eviction order that a holder of ``table`` lets go of its cached blocks
+        (last block first, as they are released): recency and priority; the block a
+        release frees is filed as evictable by the queue."""
+        order, key_of = self._order, self._key_of
+        for b in reversed(table):
             key = key_of.get(b)
             if key is None:
                 continue
@@ -243,6 +259,46 @@ class V1PrefixCacheAllocator(PagedAllocator):
                 order.touch(key, self._now, prio)
             else:
                 order.insert(key, self._now, prio)
+
+    # --- loads from a lower cache tier (simulator.cache_tiers) ------------------------------
+    def _remember(self, keys: list[Hashable], parent: Hashable | None, priority: int) -> None:
+        """Keep the parent and priority of newly named keys (the first namer's), for a tier
+        that stores what the GPU evicts."""
+        meta = self._meta
+        for key in keys:
+            if key not in meta:
+                meta[key] = (parent, priority)
+            parent = key
+
+    def start_load(self, seq_id: int, hits: list[int], count: int, priority: int = 0) -> None:
+        """A request loads ``count`` blocks from a lower tier: hold its hit blocks (a hit, as
+        at admission) and take ``count`` fresh blocks for the load (full: their KV is
+        arriving). The caller checked that enough blocks are free."""
+        self.take_hits(hits, priority)
+        fresh = self._take_many(count)
+        filled, B = self._filled, self.block_size
+        for b in fresh:
+            filled[b] = B
+        self._token_states += count * B
+        self._loading[seq_id] = (hits + fresh, len(hits))
+        self._loading_blocks += len(hits) + count
+
+    def finish_load(self, seq_id: int, keys: list[Hashable], parent: Hashable | None, priority: int = 0) -> None:
+        """The load of ``seq_id`` ended: cache its loaded blocks under ``keys`` (a key cached
+        meanwhile keeps its block; the loaded copy stays uncached), then release all its
+        blocks last to first, as a finished request does: they wait in the free queue, cached."""
+        table, nhits = self._loading.pop(seq_id)
+        self._loading_blocks -= len(table)
+        cached, key_of = self._cached, self._key_of
+        for b, key in zip(table[nhits:], keys):
+            if key not in cached:
+                cached[key] = b
+                key_of[b] = key
+        if self.on_evict is not None:
+            self._remember(keys, parent, priority)
+        if self._order is not None:
+            self._note_release(table, priority)
+        self._release_gpu(table)
 
     def _pending_copies(self) -> list[int]:
         """None: a hit covers whole blocks and a sequence computes at least one token past
@@ -253,8 +309,13 @@ class V1PrefixCacheAllocator(PagedAllocator):
         """The classes from running totals, in O(1): a sequence's last block, the only one
         with room in it, is always its own (see ``_pending_copies``), so every allocated
         slot past a sequence's tokens is its own reservation or beyond its final length,
-        however its full blocks are shared. (``check`` compares with the table walk.)"""
-        return self._usage_totals(self.pool.num_free)  # no lazy tables, no cache references
+        however its full blocks are shared. (``check`` compares with the table walk.)
+        A request loading from a cache tier holds its blocks without a sequence: they
+        count as unshared slots too (the reference counts every held table)."""
+        u = self._usage_totals(self.pool.num_free)  # no lazy tables, no cache references
+        if self._loading_blocks:
+            u.unshared += self._loading_blocks * self.block_size
+        return u
 
     # --- the v0 entry points do not apply ----------------------------------------------
     def check_admit(self, *args, **kwargs):
@@ -277,9 +338,14 @@ class V1PrefixCacheAllocator(PagedAllocator):
             assert -(-self.kv_len(s) // self.block_size) == len(table), f"seq {s}: table length"
             assert self.kv_len(s) <= self._final[s], f"seq {s}: longer than its final length"
             assert self._named[s] <= len(table), f"seq {s}: named past its table"
+        for table, _ in self._loading.values():  # blocks of requests loading from a lower tier
+            for b in table:
+                refs[b] += 1
         for b in range(n):
             assert refs[b] == self.pool.refcount(b), f"GPU block {b}: refcount is not exact"
         assert len(self._key_of) == len(self._cached), "cache index sizes differ"
+        if self.on_evict is not None:
+            assert self._meta.keys() == self._cached.keys(), "a cached key's parent and priority are not kept"
         for key, b in self._cached.items():
             assert self._key_of[b] == key, f"cache index of block {b} is inconsistent"
             assert self._filled[b] == self.block_size, f"cached block {b} is not full"
@@ -289,7 +355,10 @@ class V1PrefixCacheAllocator(PagedAllocator):
         assert self._res_base == sum(self._kv[s] for s in resident), "resident kv total drifted"
         assert self._res_blocks == sum(len(self._tables[s]) for s in resident), "resident block total drifted"
         assert self._res_over == sum(self._over(s) for s in resident), "over-final total drifted"
-        assert self.usage() == self._usage_walk()
+        walk = self._usage_walk()
+        walk.unshared += self._loading_blocks * self.block_size
+        assert self.usage() == walk
+        assert self._loading_blocks == sum(len(t) for t, _ in self._loading.values()), "loading block count drifted"
         self.usage().check()
         if self._order is not None:
             self._order.check()

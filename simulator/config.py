@@ -230,6 +230,60 @@ CAPACITY_BLOCK_TOKENS = 16
 default 16 tokens, so a contiguous run gets the capacity of the paged run it is compared with."""
 
 
+TIER_LINKS = {
+    # (bytes/s one direction, seconds per transfer). PCIe: the catalogue's host links
+    # (cost_model.catalogue.PCIE). NVMe: sequential read of a PCIe 4.0 x4 / 5.0 x4 SSD
+    # (Samsung 990 Pro datasheet: 7.45 GB/s; Crucial T705: 14.5 GB/s), rounded down; the
+    # per-transfer latency is an assumption (a few queued 4 KiB reads: ~60-80 us).
+    "pcie-gen4": (25.6e9, 10e-6),
+    "pcie-gen5": (51.2e9, 10e-6),
+    "nvme-gen4": (7.0e9, 80e-6),
+    "nvme-gen5": (14.0e9, 60e-6),
+}
+"""Named links a cache tier can sit behind (``allocator.tiers[].link``)."""
+
+
+class TierLinkConfig(Strict):
+    """A link given by its numbers: each transfer pays ``latency_s``, then bytes at
+    ``bandwidth_gb_s`` (GB/s: 10^9 bytes per second, one direction)."""
+
+    bandwidth_gb_s: float = Field(gt=0, le=10_000)
+    latency_s: float = Field(0.0, ge=0, le=1)
+
+
+class TierConfig(Strict):
+    """One cache tier below the GPU pool (DESIGN.md "Cache tiers"; the rules:
+    ``simulator.cache_tiers``). ``capacity_gib``: GiB of KV it holds per replica (0: it
+    keeps nothing, the sweep's baseline)."""
+
+    name: str = Field(pattern=r"^[a-z0-9_]+$", description="label in the summary: tier_<name>_hit_ratio, ...")
+    capacity_gib: float = Field(ge=0, le=1_000_000)
+    link: Literal["pcie-gen4", "pcie-gen5", "nvme-gen4", "nvme-gen5"] | TierLinkConfig = "pcie-gen4"
+    eviction_policy: Literal["lru", "lfu", "fifo", "arc", "priority"] = "lru"
+    write_policy: Literal["write-through", "write-through-after-hits", "write-back"] = "write-through"
+    write_after_hits: int | None = Field(None, ge=1, le=1_000_000, description="GPU hits (uses of the tier above) "
+                                         "before a block is written; only with write-through-after-hits")
+
+    @model_validator(mode="after")
+    def _hits_with_their_policy(self) -> TierConfig:
+        if (self.write_after_hits is None) == (self.write_policy == "write-through-after-hits"):
+            if self.write_after_hits is None:
+                raise ValueError("write_policy write-through-after-hits needs write_after_hits (>= 1)")
+            raise ValueError(f"write_after_hits is read only with write_policy write-through-after-hits, not "
+                             f"{self.write_policy!r}: remove it")
+        return self
+
+    @property
+    def link_bandwidth(self) -> float:
+        """Bytes per second."""
+        return TIER_LINKS[self.link][0] if isinstance(self.link, str) else self.link.bandwidth_gb_s * 1e9
+
+    @property
+    def link_latency(self) -> float:
+        """Seconds per transfer."""
+        return TIER_LINKS[self.link][1] if isinstance(self.link, str) else self.link.latency_s
+
+
 class PagedAllocatorConfig(Variant):
     """``kind: paged`` (vLLM): blocks of ``block_size`` tokens taken on demand."""
 
@@ -242,6 +296,16 @@ class PagedAllocatorConfig(Variant):
     eviction_policy: Literal["lru", "lfu", "fifo", "arc", "priority"] = Field(
         "lru", description="order the prefix cache evicts cached blocks in (policies.eviction_order); "
         "lru = the engine's own (vLLM v1's free queue, SGLang's radix LRU)")
+    tiers: list[TierConfig] = Field(default_factory=list, description="cache tiers below the GPU pool, top "
+                                    "first (CPU, then disk): simulator.cache_tiers")
+
+    @field_validator("tiers")
+    @classmethod
+    def _distinct_names(cls, v: list[TierConfig]) -> list[TierConfig]:
+        names = [t.name for t in v]
+        if len(set(names)) != len(names):
+            raise ValueError(f"tier names must be distinct, got {names}")
+        return v
 
     @field_validator("block_size")
     @classmethod
@@ -702,6 +766,17 @@ class ExperimentConfig(Strict):
         return self
 
     @model_validator(mode="after")
+    def _check_tiers(self) -> ExperimentConfig:
+        """Cache tiers extend vLLM v1's prefix cache and SGLang's radix cache (HiCache)."""
+        if getattr(self.allocator, "tiers", None):
+            if self.scheduler.policy not in ("vllm-v1", "sglang"):
+                raise ValueError(f"allocator.tiers is modelled with scheduler.policy sglang and vllm-v1 only, not "
+                                 f"{self.scheduler.policy!r}")
+            if not self.allocator.prefix_caching:
+                raise ValueError("allocator.tiers needs allocator.prefix_caching true (tiers keep prefix blocks)")
+        return self
+
+    @model_validator(mode="after")
     def _fits(self) -> ExperimentConfig:
         if self.kv_bytes <= 0:
             need = self.model.spec.weight_bytes / self.hardware.tensor_parallel / GiB
@@ -901,15 +976,25 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 
 
 def apply_override(raw: dict, keys: list[str], value: Any) -> None:
-    node = raw
-    for k in keys[:-1]:
-        nxt = node.get(k)
-        if nxt is None:
-            nxt = node[k] = {}
-        if not isinstance(nxt, dict):
-            raise ConfigError(f"--set {'.'.join(keys)}: {k} is not a section")
-        node = nxt
-    node[keys[-1]] = value
+    """``raw[k1][k2]... = value``, creating missing sections. A number steps into a list the
+    config already has (``allocator.tiers.0.capacity_gib``: the first tier's size), so a sweep
+    can vary one key of a list item; an override never creates or extends a list."""
+    node: Any = raw
+    for i, k in enumerate(keys):
+        key: str | int = k
+        if isinstance(node, list):
+            if not (k.isdigit() and int(k) < len(node)):
+                raise ConfigError(f"--set {'.'.join(keys)}: {keys[i - 1]} is a list of {len(node)} "
+                                  f"items; {k} is not an index (0..{len(node) - 1})")
+            key = int(k)
+        elif not isinstance(node, dict):
+            raise ConfigError(f"--set {'.'.join(keys)}: {keys[i - 1]} is not a section")
+        if i == len(keys) - 1:
+            node[key] = value
+        else:
+            if isinstance(node, dict) and node.get(key) is None:
+                node[key] = {}
+            node = node[key]
 
 
 def _format_errors(err: ValidationError, source: str, lines: dict[tuple, int], overridden: set[tuple]) -> str:
@@ -1048,7 +1133,7 @@ def validate_config(raw: dict, source: str = "<config>", lines: dict | None = No
     for text in overrides:
         keys, value = parse_override(text)
         apply_override(raw, keys, value)
-        overridden.add(tuple(keys))
+        overridden.add(tuple(int(k) if k.isdigit() else k for k in keys))  # list items by index
     found = renamed_key(raw)
     if found:
         old, new = found

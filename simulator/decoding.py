@@ -7,14 +7,15 @@ pure functions so the scheduler stays a story about queues.
 from __future__ import annotations
 
 import bisect
-import hashlib
 import itertools
 import math
-from collections.abc import Hashable
+from array import array
+from collections.abc import Hashable, Sequence
 from functools import lru_cache
 
 import numpy as np
 
+from kvsim.policies.token_blocks import TokenBlocks
 from kvsim.traces import Request
 
 
@@ -63,55 +64,95 @@ def beam_parent_counts(concentration: float, uniforms: list[float]) -> list[int]
     return counts
 
 
-def prefix_contents(request: Request, block_size: int, *, with_output: bool = False) -> list[Hashable]:
+HASH_POSITIONS = 1 << 20
+"""Positions one Mooncake hash id can name (``hash_block_tokens // block_size`` must be
+smaller): block ``j`` of hash id ``h`` is the integer ``h * HASH_POSITIONS + j``."""
+
+_NUMPY_HASH_IDS = 1 << 42
+"""Hash ids below this (in magnitude) are spread to blocks in numpy's int64 without overflow
+(``2**42 * HASH_POSITIONS < 2**63``); larger ones take Python's unbounded ints."""
+
+
+def prefix_contents(request: Request, block_size: int, *, with_output: bool = False) -> Sequence[Hashable]:
     """The content of each leading full prompt block that other requests may share.
 
-    Mooncake ``hash_ids`` name 512-token blocks (``hash_block_tokens``); a block of
-    ``block_size`` tokens (which must divide it) is named by its hash id and its
-    position inside that 512-token block. A ``prefix_id`` names a common prefix
-    of ``prefix_tokens`` tokens. Tokens after the shared part are unique.
+    A content names one block on its own, not chained: every consumer interns the pair
+    (parent block's key, content) (``policies.key_chain``, the reference's ``chain_key``),
+    so two prompts share block j exactly when they agree on every block up to j. Three kinds
+    that never compare equal to each other:
 
-    A request with ``token_ids`` (the prompt's real tokens) names every full prompt block
-    by its tokens: :func:`token_block_identities`, exact at any block size.
+    - ``token_ids`` (the prompt's real tokens): the block's tokens as bytes
+      (:func:`token_block_contents`, all of a prompt's in one ``TokenBlocks``), exact at
+      any block size; they win over the others.
+    - Mooncake ``hash_ids`` name 512-token blocks (``hash_block_tokens``); a block of
+      ``block_size`` tokens (which must divide it) is named by its hash id and its position
+      j inside that hash block, as one int ``hash_id * HASH_POSITIONS + j`` (an ``array``
+      of them: :func:`hash_block_contents`).
+    - A ``prefix_id`` names a common prefix of ``prefix_tokens`` tokens: ``("p", id, j)``.
+
+    Tokens after the shared part are unique. Why ints and bytes rather than tuples or a
+    digest per block: they are built a whole prompt at a time in C (numpy, ``array``), compare
+    at C speed in the key chain's slice comparisons, and hold a third of a tuple's memory;
+    a digest chain cost a hash call per block (issue 21: the multi-turn bench's top item).
 
     ``with_output``: when the request also knows its answer (``output_token_ids``), the
-    names go on past the prompt over the generated tokens (prompt + answer, chained), so a
-    later prompt that resends prompt + answer (the next turn of a conversation) finds the
+    names go on past the prompt over the generated tokens (prompt + answer), so a later
+    prompt that resends prompt + answer (the next turn of a conversation) finds the
     answer's blocks. vLLM v1 asks for this; v0's cache holds prompt blocks only, and
     parallel samples or beams (which v1 does not run) would keep private generated tokens.
     """
     if request.token_ids is not None:
         if with_output and request.output_token_ids is not None:
-            return token_block_identities(request.token_ids + request.output_token_ids, block_size)
-        return token_block_identities(request.token_ids, block_size)
+            return token_block_contents(request.token_ids, block_size, request.output_token_ids)
+        return token_block_contents(request.token_ids, block_size)
     if request.hash_ids:
-        hb = request.hash_block_tokens
-        if hb % block_size:
-            raise ValueError(f"block size {block_size} does not divide the trace's hash block of {hb} tokens")
-        covered = min(len(request.hash_ids) * hb, request.prompt_tokens)
-        per = hb // block_size
-        return [("h", request.hash_ids[j // per], j % per) for j in range(covered // block_size)]
+        return hash_block_contents(request.hash_ids, request.hash_block_tokens, block_size,
+                                   request.prompt_tokens)
     if request.prefix_id is not None and request.prefix_tokens:
         return [("p", request.prefix_id, j) for j in range(min(request.prefix_tokens, request.prompt_tokens) // block_size)]
     return []
 
 
-def token_block_identities(token_ids: tuple[int, ...], block_size: int) -> list[Hashable]:
-    """The identity of each full block of ``block_size`` tokens of a prompt (a partial last
-    block has none: it is not cached).
+def hash_block_contents(hash_ids: tuple[int, ...], hash_block_tokens: int, block_size: int,
+                        prompt_tokens: int) -> Sequence[int]:
+    """Block j of a prompt named by hash ids covering ``hash_block_tokens`` tokens each:
+    ``hash_ids[j // per] * HASH_POSITIONS + j % per`` with ``per = hash_block_tokens //
+    block_size``, for the full blocks the hash ids and the prompt both cover (one numpy
+    expression for the whole prompt: no Python step per block). An ``array`` of 64-bit
+    ints (no int object per block; ``policies.key_chain`` keeps such contents 8 bytes
+    each), or a list of ints when a hash id is too large for numpy's int64 spread."""
+    hb = hash_block_tokens
+    if hb % block_size:
+        raise ValueError(f"block size {block_size} does not divide the trace's hash block of {hb} tokens")
+    per = hb // block_size
+    if per >= HASH_POSITIONS:
+        raise ValueError(f"hash blocks of {hb} tokens hold {per} blocks of {block_size}; at most "
+                         f"{HASH_POSITIONS - 1} are allowed")
+    count = min(len(hash_ids) * hb, prompt_tokens) // block_size
+    if count == 0:
+        return []
+    used = hash_ids[:-(-count // per)]
+    if max(map(abs, used)) >= _NUMPY_HASH_IDS:
+        return [used[j // per] * HASH_POSITIONS + j % per for j in range(count)]
+    spread = np.repeat(np.array(used, dtype=np.int64) * HASH_POSITIONS, per)[:count]
+    spread += np.tile(np.arange(per, dtype=np.int64), len(used))[:count]
+    return array("q", spread.tobytes())
 
-    Block j's identity is a digest of (block j-1's identity, block j's token ids), so two
-    prompts share block j exactly when they agree on every token up to its end: a change in
-    one token changes its block and every later one. blake2b (16 bytes) of the ids as
-    little-endian 32-bit integers: the same on every machine and run (Python's ``hash`` of
-    a str or bytes is salted per process), and a collision is out of reach (2^-64 for
-    2^32 blocks).
+
+def token_block_contents(token_ids: tuple[int, ...], block_size: int,
+                         more_ids: tuple[int, ...] = ()) -> TokenBlocks:
+    """The content of each full block of ``block_size`` tokens of ``token_ids`` followed by
+    ``more_ids`` (a partial last block has none: it is not cached): the block's ids as
+    32-bit integers (``traces.fields.MAX_TOKEN_ID``), in bytes.
+
+    Exact: two blocks get equal contents exactly when their tokens are equal (no hash that
+    could collide), and the consumers chain them (:func:`prefix_contents`). Built in C for
+    the whole prompt: the ids into an ``array`` of 32-bit ints, its bytes held as one
+    :class:`~policies.token_blocks.TokenBlocks` (a sequence of the blocks' bytes, with no
+    object per block).
     """
-    ids = np.asarray(token_ids, dtype="<u4")
-    out: list[Hashable] = []
-    parent = b""
-    for j in range(len(ids) // block_size):
-        parent = hashlib.blake2b(parent + ids[j * block_size:(j + 1) * block_size].tobytes(),
-                                 digest_size=16).digest()
-        out.append(("t", parent))
-    return out
+    ids = array("I", token_ids)
+    if more_ids:
+        ids.extend(more_ids)
+    count = len(ids) // block_size
+    return TokenBlocks(ids[:count * block_size].tobytes(), ids.itemsize * block_size)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import simpy
 
 from kvsim.policies.kv_allocator import KVAllocator
+from kvsim.simulator.cache_tiers import TierStack
 from kvsim.simulator.cost_model.base import CostModel
 from kvsim.simulator.fast_path import FastPath, Lookahead, row_state
 from kvsim.simulator.metrics import RequestLog, request_row
@@ -98,6 +99,8 @@ class Simulation:
     the GPU computes, so a step lasts max(compute, transfer) instead of their sum.
     ``chain_steps``: when no other event comes before a step ends, go straight on
     without yielding to SimPy (same results, fewer events; off: yield after every step).
+    ``make_tiers``: each replica's cache tiers below the GPU (``simulator.cache_tiers``;
+    vllm-v1 and sglang): a load's end is a SimPy event that puts its request back in line.
     """
 
     def __init__(
@@ -114,6 +117,7 @@ class Simulation:
         keep_steps: bool = True,
         window: Window = "busy",
         chain_steps: bool = True,
+        make_tiers: Callable[[], TierStack] | None = None,
     ):
         self.env = simpy.Environment()
         self.requests = requests
@@ -125,15 +129,44 @@ class Simulation:
         self.replicas: list[Replica] = []
         for i in range(num_replicas):
             make_scheduler = {"vllm-v1": SchedulerV1, "sglang": SchedulerSGLang}.get(limits.policy, Scheduler)
-            sched = make_scheduler(make_allocator(), limits, on_terminal=self._on_terminal(i))
+            if make_tiers is not None:
+                if make_scheduler is Scheduler:
+                    raise ValueError(f"cache tiers are modelled with scheduler policies vllm-v1 and sglang, "
+                                     f"not {limits.policy}")
+                sched = make_scheduler(make_allocator(), limits, on_terminal=self._on_terminal(i), tiers=make_tiers())
+            else:
+                sched = make_scheduler(make_allocator(), limits, on_terminal=self._on_terminal(i))
             pcie = simpy.Resource(self.env, capacity=1) if overlap_swap else None
             replica = Replica(i, sched, make_cost(), pcie)
+            if make_tiers is not None:
+                sched.on_load = self._on_load(replica)
             replica.fast = FastPath(replica, replica.cost, self.steps, self.lookahead, macro_steps, max_run,
                                     overlap_swap, state=self._state)
             self.replicas.append(replica)
         self.router = Router(self.replicas, router)
         self.arrivals_done = False
         self.chain_steps = chain_steps
+
+    def _on_load(self, replica: Replica) -> Callable[[float], None]:
+        """A load from a cache tier will end at ``done`` (s): then its request rejoins the
+        waiting queue and the replica wakes (a SimPy event, so a chain of steps stops there)."""
+        def at_end(done: float) -> None:
+            def finish(_event: simpy.Event) -> None:
+                replica.scheduler.finish_loads(done)
+                replica.wake()
+            self.env.timeout(done - self.env.now).callbacks.append(finish)
+        return at_end
+
+    def tier_stats(self) -> dict[str, dict[str, float]]:
+        """Each cache tier's counters (``simulator.cache_tiers.TIER_COUNTERS``), summed over replicas."""
+        out: dict[str, dict[str, float]] = {}
+        for r in self.replicas:
+            tiers = getattr(r.scheduler, "tiers", None)
+            for name, counters in (tiers.stats() if tiers is not None else {}).items():
+                mine = out.setdefault(name, dict.fromkeys(counters, 0))
+                for k, v in counters.items():
+                    mine[k] += v
+        return out
 
     def _on_terminal(self, replica: int) -> Callable[[SequenceGroup], None]:
         def record(g: SequenceGroup) -> None:
@@ -186,7 +219,7 @@ class Simulation:
         until an arrival (or the end of the trace) wakes the replica. Returns the
         replica's clock afterwards; None when no work will ever come (the engine ends)."""
         env, sched = self.env, replica.scheduler
-        if sched.has_work and not sched.running:
+        if sched.has_work and not sched.running and sched.next_load_s == INF:
             raise SimulationStalled(self._stall_message(replica))
         if now > env.now:  # catch up before sleeping or ending
             yield env.timeout(now - env.now)

@@ -180,6 +180,7 @@ class FastPath:
         edge = next((e for e in look.edges if e > start), INF) if look.edges else INF
         # With nothing waiting, an arrival may be admitted at the next step boundary.
         cut = edge if sched.waiting else min(edge, look.next_arrival)
+        cut = min(cut, sched.next_load_s)  # a load's end puts its request at the head
         shape = step.shape
         weights = plan_weights(self.cost, shape.decode_seqs, shape.decode_context, extra, start + compute_s, cut)
         return _new(Run, (step, start, compute_s, swap_s, weights, edge))
@@ -231,7 +232,7 @@ class FastPath:
             iterations += run.steps
             tokens += n * run.steps
             t += run.total
-            cut = min(edge, look.next_arrival)
+            cut = min(edge, look.next_arrival, sched.next_load_s)
             if t >= cut:  # an arrival (or the window's edge) comes first: the engine wakes at t
                 break
             if due is not None:

@@ -20,7 +20,7 @@ from kvsim.simulator.step_log import StepTotals, Window
 REQUEST_COLUMNS = (
     "request_id", "replica", "status", "reason", "arrival_s", "prompt_tokens", "output_tokens", "num_seqs",
     "generated_tokens", "total_output_tokens", "cached_prompt_tokens", "scheduled_s", "first_token_s", "finish_s", "preemptions", "recomputed_tokens",
-    "swapped_out_blocks", "swapped_in_blocks",
+    "swapped_out_blocks", "swapped_in_blocks", "loaded_tokens", "load_wait_s",
 )
 
 
@@ -28,11 +28,13 @@ def request_row(g: SequenceGroup, replica: int) -> tuple:
     r = g.request
     return (r.request_id, replica, g.status.value, g.reason, r.arrival_time, r.prompt_tokens,
             r.output_tokens, r.num_seqs, g.generated, g.total_output_tokens, g.cached_tokens, g.first_scheduled,
-            g.first_token, g.finish, g.preemptions, g.recomputed_tokens, g.swapped_out_blocks, g.swapped_in_blocks)
+            g.first_token, g.finish, g.preemptions, g.recomputed_tokens, g.swapped_out_blocks, g.swapped_in_blocks,
+            g.loaded_tokens, g.load_wait)
 
 
 _TEXT_COLUMNS = ("status", "reason")
 _TIME_COLUMNS = ("arrival_s", "scheduled_s", "first_token_s", "finish_s")  # may be missing: NaN
+_SECONDS_COLUMNS = _TIME_COLUMNS + ("load_wait_s",)  # floats; the others are integers
 
 
 class RequestLog:
@@ -46,7 +48,7 @@ class RequestLog:
 
     def __init__(self) -> None:
         self._cols: dict[str, array | list] = {
-            c: [] if c in _TEXT_COLUMNS else array("d" if c in _TIME_COLUMNS else "q") for c in REQUEST_COLUMNS
+            c: [] if c in _TEXT_COLUMNS else array("d" if c in _SECONDS_COLUMNS else "q") for c in REQUEST_COLUMNS
         }
         self._arrays = list(self._cols.values())
         self._nullable = [c in _TIME_COLUMNS for c in REQUEST_COLUMNS]  # None means NaN there

@@ -12,7 +12,10 @@ chosen by which parameters vary among the successful runs:
   highest rate all of them ran (or, if there is none, at each one's sustainable rate);
 * ``allocator.block_size`` varies: ``block_size`` (latency, throughput, internal
   fragmentation vs block size);
-* ``preemption.mode`` varies: ``swap_vs_recompute``.
+* ``preemption.mode`` varies: ``swap_vs_recompute``;
+* a cache tier's size varies (``allocator.tiers.<i>.capacity_gib``): ``cache_tiers`` (hit
+  ratio of the GPU cache and of each tier, mean TTFT and throughput against the tier size,
+  one line per policy, and the TTFT split into queueing, load wait and prefill).
 
 A **run folder** (``summary.json`` + ``steps.parquet``): ``memory_timeline``.
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -38,6 +42,7 @@ BLOCK_KEY = "allocator.block_size"
 MODE_KEY = "preemption.mode"
 RATE_KEYS = ("workload.arrivals.rate", "workload.rate_scale")
 MAX_BARS = 40
+TIER_SIZE_KEY = re.compile(r"^allocator\.tiers\.(\d+)\.capacity_gib$")
 
 
 class PlotError(ValueError):
@@ -271,7 +276,52 @@ def plot_sweep(sweep_dir: Path, out_dir: Path | None = None) -> list[Path]:
             title=f"{name}: swap vs recompute",
             formats=FORMATS,
         )
+    sizes = [k for k in vary if TIER_SIZE_KEY.match(k)]
+    if sizes:
+        written += _tier_sweep(ok, params, has_label, name, sizes[0], out_dir)
     return written
+
+
+def _tier_sweep(
+    ok: pd.DataFrame, params: Sequence[str], has_label: bool, name: str, size_col: str,
+    out_dir: Path,
+) -> list[Path]:
+    """``cache_tiers``: the tier sweep against the size of the tier in ``size_col``. A policy
+    is what else varies: the tier's eviction policy first (it picks the colour), then the
+    sweep's label or other keys (they pick the dash)."""
+    from kvsim.simulator import plots
+
+    index = TIER_SIZE_KEY.match(size_col).group(1)
+    eviction = f"allocator.tiers.{index}.eviction_policy"
+    keys = _group_keys(ok, params, [size_col], has_label)
+    keys = ([eviction] if eviction in keys else []) + [k for k in keys if k != eviction]
+    rest = [k for k in keys if k != eviction]
+
+    def policy(row: pd.Series) -> tuple[str, ...]:
+        parts = [str(row[eviction])] if eviction in keys else []
+        parts += [str(row["system"])] if has_label else []
+        parts += [f"{_short(k, rest)}={_fmt(row[k])}" for k in rest]
+        return tuple(parts) or (name,)
+
+    members: dict[tuple[str, ...], list] = {}
+    for i, row in ok.iterrows():
+        members.setdefault(policy(row), []).append(i)
+    curves = {key: ok.loc[rows] for key, rows in members.items()}
+    tiers = sorted(
+        (c.removeprefix("tier_").removesuffix("_hit_ratio") for c in ok.columns
+         if c.startswith("tier_") and c.endswith("_hit_ratio")),
+        key=lambda t: list(ok.columns).index(f"tier_{t}_hit_ratio"),
+    )
+    return plots.plot_tier_sweep(
+        curves,
+        out_dir / "cache_tiers.png",
+        size_col=size_col,
+        tiers=tiers,
+        size_label=f"{tiers[int(index)] if int(index) < len(tiers) else 'tier ' + index} tier "
+        "size (GiB)",
+        title=f"{name}: cache tiers",
+        formats=FORMATS,
+    )
 
 
 def _both(path: Path) -> list[Path]:
@@ -361,7 +411,7 @@ def add_plot_command(subparsers) -> None:
         help="draw a sweep's or a run's figures (PNG and SVG)",
         description="Draw the figures that apply to a sweep folder (memory breakdown, "
         "batched requests, "
-        "latency vs rate, block size, swap vs recompute) or a run folder (memory timeline) into "
+        "latency vs rate, block size, swap vs recompute, cache tiers) or a run folder (memory timeline) into "
         "RESULTS/plots/, and print their paths.",
     )
     p.add_argument(

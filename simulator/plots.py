@@ -478,3 +478,118 @@ def plot_swap_microbenchmark(
         _save(fig, path, formats)
     return _paths(path, formats)
 
+
+
+TTFT_PARTS = (
+    ("mean_ttft_queue_ms", "queueing", "#adb5bd"),
+    ("mean_ttft_load_ms", "load wait", "#56B4E9"),
+    ("mean_ttft_prefill_ms", "prefill", "#E69F00"),
+)
+"""The TTFT split of a run with cache tiers (summary columns, ms), bottom to top."""
+
+DASHES = ("-", "--", ":", "-.")
+
+
+def _policy_styles(keys: Sequence[tuple[str, ...]]) -> dict[tuple[str, ...], tuple[int, str]]:
+    """A policy key ``(first, *rest)`` -> (colour index, line style): one colour per distinct
+    first part (the eviction policy), one dash per distinct rest (the write policy), so a
+    12-line figure stays readable with 4 colours x 3 dashes."""
+    firsts = list(dict.fromkeys(k[0] for k in keys))
+    rests = list(dict.fromkeys(k[1:] for k in keys))
+    return {k: (firsts.index(k[0]), DASHES[rests.index(k[1:]) % len(DASHES)]) for k in keys}
+
+
+def _size_axis(ax, sizes: Sequence[float], label: str) -> None:
+    """Tier sizes from 0 to far beyond the working set: linear near 0, logarithmic above the
+    smallest non-zero size, a tick at every size swept."""
+    positive = [s for s in sizes if s > 0]
+    if positive:
+        ax.set_xscale("symlog", linthresh=min(positive), linscale=0.6)
+    labels = [f"{s:g}" for s in sorted(sizes)]
+    crowded = len(labels) > 5 and max(map(len, labels)) > 3  # 1024, 2048, ... would touch
+    ax.set_xticks(sorted(sizes))
+    ax.set_xticklabels(labels, rotation=45 if crowded else 0, ha="right" if crowded else "center")
+    ax.minorticks_off()
+    ax.set_xlabel(label)
+
+
+def tier_sweep_figure(
+    curves: Mapping[tuple[str, ...], pd.DataFrame],
+    size_col: str,
+    tiers: Sequence[str],
+    size_label: str = "CPU tier size (GiB)",
+    title: str = "Cache tiers",
+):
+    """The cache-tier sweep as a matplotlib figure (``plot_tier_sweep`` writes it).
+
+    ``curves`` maps a policy, a tuple such as ``("lru", "write-back")``, to its sweep rows
+    (summary columns and ``size_col``). Top row, against the tier size, one line per policy:
+    the GPU prefix cache's hit ratio (``prefix_cache_hit_ratio``), each tier's
+    (``tier_<name>_hit_ratio``: blocks it served over the GPU's lookups, so the panels add up
+    to the share of prefix blocks not recomputed), mean TTFT (ms) and output throughput
+    (tokens/s): where the lines go flat, more tier stops paying. Bottom: mean TTFT split
+    into queueing, load wait and prefill (ms), stacked, one bar per policy at each size, in
+    legend order: whether a bigger tier saves prefill time, or only moves it into load waits.
+    """
+    styles = _policy_styles(list(curves))
+    sizes = sorted({float(s) for df in curves.values() for s in df[size_col]})
+    panels = [("prefix_cache_hit_ratio", "GPU prefix-cache hit ratio")]
+    panels += [(f"tier_{t}_hit_ratio", f"{t} tier hit ratio") for t in tiers]
+    panels += [("mean_ttft_ms", "mean TTFT (ms)"), ("output_throughput", "output throughput (tokens/s)")]
+    with plt.rc_context(STYLE):
+        fig = plt.figure(figsize=(3.4 * len(panels) + 2.2, 7.6))
+        grid = fig.add_gridspec(2, len(panels), height_ratios=(1, 1.05), hspace=0.42, wspace=0.32)
+        top = [fig.add_subplot(grid[0, i]) for i in range(len(panels))]
+        for key, df in curves.items():
+            df = df.sort_values(size_col)
+            x = df[size_col].to_numpy(float)
+            color, dash = styles[key]
+            for ax, (col, _) in zip(top, panels):
+                y = df[col].to_numpy(float) if col in df else np.full(len(x), np.nan)
+                ax.plot(x, y, ls=dash, marker=MARKERS[color % len(MARKERS)], ms=3.5, lw=1.5,
+                        color=system_color(color), label=", ".join(key))
+        for ax, (col, label) in zip(top, panels):
+            _size_axis(ax, sizes, size_label)
+            ax.set_ylabel(label)
+            if col.endswith("hit_ratio"):
+                ax.set_ylim(0, 1)
+            else:
+                ax.set_ylim(bottom=0)
+        top[-1].legend(loc="upper left", bbox_to_anchor=(1.02, 1.02), title="policy")
+        split = fig.add_subplot(grid[1, :])
+        split.grid(axis="x", visible=False)
+        n = len(curves)
+        width = 0.8 / max(n, 1)
+        for j, (key, df) in enumerate(curves.items()):
+            rows = df.set_index(df[size_col].astype(float))
+            x = np.array([sizes.index(s) for s in rows.index], float) - 0.4 + width * (j + 0.5)
+            bottom = np.zeros(len(x))
+            for col, label, fill in TTFT_PARTS:
+                h = np.nan_to_num(rows[col].to_numpy(float)) if col in rows else np.zeros(len(x))
+                split.bar(x, h, width * 0.92, bottom=bottom, color=fill,
+                          edgecolor=system_color(styles[key][0]), linewidth=0.8,
+                          label=label if j == 0 else None)
+                bottom += h
+        split.set_xticks(range(len(sizes)))
+        split.set_xticklabels([f"{s:g}" for s in sizes])
+        split.set_xlabel(f"{size_label}; one bar per policy, in legend order (edge: its colour)")
+        split.set_ylabel("mean TTFT split (ms)")
+        split.legend(loc="upper left", bbox_to_anchor=(1.005, 1), title="TTFT part")
+        fig.suptitle(title, fontweight="bold")
+    return fig
+
+
+def plot_tier_sweep(
+    curves: Mapping[tuple[str, ...], pd.DataFrame],
+    path: Path,
+    size_col: str,
+    tiers: Sequence[str],
+    size_label: str = "CPU tier size (GiB)",
+    title: str = "Cache tiers",
+    formats: Sequence[str] = ("png", "svg"),
+) -> list[Path]:
+    """Write :func:`tier_sweep_figure` (hit ratios, TTFT and throughput against the tier size,
+    one line per policy; the TTFT split) to ``path`` in each of ``formats``."""
+    with plt.rc_context(STYLE):
+        _save(tier_sweep_figure(curves, size_col, tiers, size_label, title), path, formats)
+    return _paths(path, formats)

@@ -39,11 +39,21 @@ most recently admitted request) over ``policies.reference_paged.ReferenceFreeQue
 (one free queue, lazy eviction of cached blocks). ``scheduler.policy: sglang`` runs
 ``simulator.reference_sglang.ReferenceSGLangReplica`` (SGLang's queue orders, reservation,
 retraction and chunked prefill) over ``policies.reference_radix.ReferenceRadixCache``.
+
+Cache tiers below the GPU (``allocator.tiers``, vllm-v1 and sglang): ``ReferenceTiers`` keeps each
+replica's tiers (``policies.reference_tier.PlainTier``) behind SimPy links, one process per
+transfer. A waiting request whose prefix continues in a tier *loads* it instead of being
+admitted (``ReferenceV1Replica.start_load``: it holds its GPU hit and fresh blocks, waits
+outside both queues, and returns to the front of the waiting queue when its last transfer
+ends); stores follow each tier's write policy, in one batch at the end of each scheduling
+and one at the end of each step. With tiers the engine yields once before each scheduling
+(``timeout(0)``) so that transfers ending at that instant end first.
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
@@ -61,6 +71,7 @@ from kvsim.policies.reference_paged import (
     ReferencePagedAllocator,
     blocks_for,
 )
+from kvsim.policies.reference_tier import PlainTier, TierEntry
 from kvsim.simulator.capacity import swap_slots
 from kvsim.simulator.config import ExperimentConfig
 from kvsim.simulator.cost_model.base import BatchShape, CostModel
@@ -104,6 +115,8 @@ class Group:
     swapped_out_blocks: int = 0
     swapped_in_blocks: int = 0
     cached_tokens: int = 0
+    loaded_tokens: int = 0  # tokens loaded from cache tiers (allocator.tiers)
+    load_wait_s: float = 0.0  # seconds spent loading before its first token
     reason: str | None = None
 
     @property
@@ -245,6 +258,9 @@ class ReferenceReplica:
         self.outstanding_tokens = 0  # prompt + output tokens of requests not yet ended
         self.wake_event: simpy.Event | None = None
         self.itl: list[tuple[float, int]] = []  # (gap between a sequence's tokens, s; sequences)
+        self.tiers: ReferenceTiers | None = None  # allocator.tiers (vllm-v1, sglang)
+        self.loading: list[Group] = []  # requests loading from a tier: neither waiting nor running
+        self.wake: Callable[[], None] = lambda: None  # wakes this replica's engine (set by the simulation)
 
     @property
     def has_work(self) -> bool:
@@ -490,6 +506,7 @@ class V1Request(Group):
     num_computed: int = 0  # tokens whose KV is computed: 0 on arrival and after a preemption
     catch_up_to: int = 0  # num_tokens at its last admission: below it, it is prefilling
     keys: list[int] = field(default_factory=list)  # cache keys of its full blocks, by position
+    after_load: bool = False  # back from a load: its next admission counts no lookups, no hits
 
     @property
     def seq(self) -> int:
@@ -590,9 +607,15 @@ class ReferenceV1Replica(ReferenceReplica):
         # 2. Waiting requests, FCFS, only if nobody was preempted.
         if not step.preempted:
             while self.waiting and budget > 0 and len(self.running) < self.rules.max_num_seqs:
-                if not self.admit_head(budget, step):
+                scheduled = self.admit_head(budget, step)
+                if scheduled is None:
                     break
-                budget -= step.chunks[-1][1]
+                budget -= scheduled
+        # 3. Cache tiers: this scheduling's stores go out after the loads it started.
+        if self.tiers is not None:
+            self.tiers.gpu_evicted(self.alloc.evicted)
+            self.alloc.evicted = []
+            self.tiers.flush_scheduling()
         return step
 
     def grow_or_preempt(self, g: V1Request, n: int, step: Step) -> bool:
@@ -605,30 +628,40 @@ class ReferenceV1Replica(ReferenceReplica):
                 return False
         return True
 
-    def admit_head(self, budget: int, step: Step) -> bool:
+    def admit_head(self, budget: int, step: Step) -> int | None:
         """Try to admit the head of the waiting queue with a chunk of at most ``budget``
-        tokens; False (admission stops) if a rule holds it back."""
+        tokens; return the chunk's tokens (0: it started a load from a cache tier instead),
+        None (admission stops) if a rule holds it back."""
         alloc, rules, B = self.alloc, self.rules, self.alloc.block_size
         g: V1Request = self.waiting[0]
         looked_up = (g.num_tokens - 1) // B if alloc.prefix_caching else 0  # a hit < num_tokens
-        hits = alloc.cached_blocks(self.block_keys(g, looked_up))
+        keys = self.block_keys(g, looked_up)
+        hits = alloc.cached_blocks(keys)
+        if self.tiers is not None:
+            found = self.tiers.lookup(keys[len(hits):])
+            if found:
+                return self.start_load(g, hits, found, looked_up)
         hit = len(hits) * B
         n = self.chunk(g.num_tokens - hit, budget)
         limit = rules.max_num_partial_prefills
         if limit is not None and hit + n < g.num_tokens and self.partial_prefills(step) >= limit:
             self.blocked = "partial prefills"
-            return False
+            return None
         if (
             rules.reserve_full_isl
             and alloc.free_blocks_needed(hits, g.num_tokens) > alloc.num_free()
         ):
             self.blocked = "no space for the whole sequence"
-            return False
+            return None
         if alloc.free_blocks_needed(hits, hit + n) > alloc.num_free():
             self.blocked = "no space"
-            return False
+            return None
         self.waiting.popleft()
-        alloc.open(g.seq, hits, hit + n, g.final_len(g.seq), looked_up, g.request.priority)
+        counted, g.after_load = not g.after_load, False  # back from a load: counted then
+        if counted:
+            self.count_gpu_hits(g, len(hits))
+        alloc.open(g.seq, hits, hit + n, g.final_len(g.seq), looked_up if counted else 0,
+                   g.request.priority, count_hits=counted)
         g.num_computed = hit
         g.catch_up_to = g.num_tokens
         g.cached_tokens = hit
@@ -638,7 +671,55 @@ class ReferenceV1Replica(ReferenceReplica):
             g.scheduled_s = self.now
         self.running.append(g)
         self.add_chunk(g, n, step)
-        return True
+        return n
+
+    # --- loads from cache tiers (allocator.tiers) ------------------------------------------------
+    def start_load(self, g: V1Request, hits: list[int], found: list[int], looked_up: int) -> int | None:
+        """The head of the waiting queue finds ``len(found)`` blocks after its GPU hit in the
+        cache tiers (``found``: the tier providing each): it loads them instead of being
+        admitted, if the GPU has blocks for them (and for its hits nobody holds; else None:
+        admission stops). It holds its hits (a GPU hit, counted now) and fresh blocks for the
+        load, and waits outside both queues; returns 0 (no token budget used)."""
+        alloc, B = self.alloc, self.alloc.block_size
+        h, k = len(hits), len(found)
+        if alloc.free_blocks_needed(hits, (h + k) * B) > alloc.num_free():
+            self.blocked = "no space"
+            return None
+        self.waiting.popleft()
+        g.after_load = False
+        self.count_gpu_hits(g, h)
+        alloc.open(g.seq, hits, (h + k) * B, (h + k) * B, looked_up, g.request.priority)
+        g.status = "loading"
+        self.loading.append(g)
+        keys, start = g.keys[h : h + k], self.now
+        self.tiers.start_load(
+            keys, found, g.request.priority, lambda done_s: self.finish_load(g, k, start, done_s)
+        )
+        return 0
+
+    def finish_load(self, g: V1Request, k: int, start_s: float, done_s: float) -> None:
+        """The last transfer of ``g``'s load ended at ``done_s``: its ``k`` loaded blocks are
+        cached under their keys (a key cached meanwhile keeps its own block), it releases all
+        its blocks last to first (they wait in the free queue, cached) and goes back to the
+        front of the waiting queue, where its next admission finds them as a GPU hit."""
+        alloc = self.alloc
+        alloc.register_full_blocks(g.seq, len(alloc.tables[g.seq]) * alloc.block_size, g.keys)
+        alloc.free(g.seq)
+        self.loading.remove(g)
+        g.loaded_tokens += k * alloc.block_size
+        if g.first_token_s is None:
+            g.load_wait_s += done_s - start_s
+        g.after_load = True
+        g.status = "waiting"
+        self.waiting.appendleft(g)
+        self.wake()
+
+    def count_gpu_hits(self, g: V1Request, h: int) -> None:
+        """``g``'s admission (or load) hit its first ``h`` blocks in the GPU cache: the tiers
+        count them (write-through-after-hits), each with its parent and ``g``'s priority."""
+        if self.tiers is not None and h:
+            alloc = self.alloc
+            self.tiers.gpu_hits([(x, alloc.parents[x], g.request.priority) for x in g.keys[:h]])
 
     def partial_prefills(self, step: Step) -> int:
         """Running requests that this step leaves mid-prefill (scheduled or not)."""
@@ -688,9 +769,17 @@ class ReferenceV1Replica(ReferenceReplica):
     # --- after the step -------------------------------------------------------------------------
     def complete(self, step: Step, now: float) -> None:
         """Every chunk is computed; a request caught up with its tokens samples one."""
+        filled: list[tuple[int, int | None, int]] = []  # prompt blocks the chunks named (tiers)
         for g, n in step.chunks:  # every prefill chunk's blocks, before anyone frees
             g.num_computed += n
+            named = self.alloc.offered[g.seq] if self.tiers is not None else 0
             self.cache_full_blocks(g, min(g.num_computed, g.catch_up_to))
+            if self.tiers is not None:
+                alloc = self.alloc
+                filled += [(x, alloc.parents[x], g.request.priority)
+                           for x in g.keys[named : alloc.offered[g.seq]]]
+        if filled:
+            self.tiers.write_through(filled)
         for g, _ in step.chunks:
             if g.num_computed < g.num_tokens:
                 continue  # mid-prefill: nothing sampled
@@ -721,6 +810,186 @@ class ReferenceV1Replica(ReferenceReplica):
         if self.alloc.prefix_caching:
             keys = self.block_keys(g, computed // self.alloc.block_size)
             self.alloc.register_full_blocks(g.seq, computed, keys)
+
+
+# --- cache tiers below the GPU (allocator.tiers) --------------------------------------------------
+TIER_COUNTERS = ("hit_blocks", "loaded_tokens", "load_bytes", "store_bytes", "link_busy_s",
+                 "stored_blocks", "dropped_blocks", "evictions")
+
+Entry = tuple[int, "int | None", int]  # a key on its way into a tier: (key, parent, priority)
+
+
+def tier_capacity_blocks(capacity_gib: float, block_bytes: float) -> int:
+    """Blocks a tier of ``capacity_gib`` GiB (2^30 bytes) holds."""
+    return math.floor(capacity_gib * 2**30 / block_bytes)
+
+
+class ReferenceTiers:
+    """One replica's cache tiers below its GPU pool, top first (tierspec), kept plainly.
+
+    Each tier's contents are a ``policies.reference_tier.PlainTier``; its link is a
+    ``simpy.Resource`` of capacity 1 (one transfer at a time, in the order submitted), and
+    every transfer is its own SimPy process holding it::
+
+        with link.request() as turn:   yield turn   # wait for the link
+                                       yield env.timeout(latency + blocks * block_bytes / bandwidth)
+        then: the stored entries are ready / the load's last transfer hands the request back
+
+    Stores (``write_policy``; tier 0 below the GPU, tier i below tier i - 1) are collected
+    into batches, one transfer per tier per batch: the scheduling's batch (``gpu_evicted``:
+    write-back; ``gpu_hits`` and loads: write-through-after-hits), sent when the scheduling
+    ends, after its loads; and the step's batch (``write_through``: the prompt blocks its
+    chunks named), sent at its end. A batch is stored into tier i, and what tier i stored
+    (write-through) or evicted (write-back) is tier i + 1's batch in the same flush.
+    """
+
+    def __init__(self, env: simpy.Environment, configs: list, block_size: int, block_bytes: float):
+        self.env = env
+        self.configs = list(configs)  # simulator.config.TierConfig, top first
+        self.block_size, self.block_bytes = block_size, block_bytes
+        self.tiers = [
+            PlainTier(c.name, tier_capacity_blocks(c.capacity_gib, block_bytes), c.eviction_policy)
+            for c in configs
+        ]
+        self.links = [simpy.Resource(env, capacity=1) for _ in configs]
+        self.load_bytes = [0.0] * len(configs)
+        self.store_bytes = [0.0] * len(configs)
+        self.busy_s = [0.0] * len(configs)
+        self.queued = [0] * len(configs)  # transfers that waited for their link (contention)
+        # after-hits counts: tier 0 counts GPU hits of a key, tier i > 0 loads of it from tier i - 1
+        self.counts: list[dict[int, int]] = [{} for _ in configs]
+        self.pending: list[list[Entry]] = [[] for _ in configs]  # the scheduling's batch, per tier
+
+    # --- the links ------------------------------------------------------------------------------
+    def transfer(self, i: int, blocks: int, then: Callable[[float], None]) -> None:
+        """Send ``blocks`` blocks over tier ``i``'s link now; ``then(end s)`` when it ends."""
+        c = self.configs[i]
+        duration = c.link_latency + blocks * self.block_bytes / c.link_bandwidth
+        self.busy_s[i] += duration
+        self.env.process(self.hold_link(i, duration, then))
+
+    def hold_link(self, i: int, duration: float, then: Callable[[float], None]):
+        """One transfer's process: wait for tier ``i``'s link, hold it ``duration`` s."""
+        submitted = self.env.now
+        with self.links[i].request() as turn:
+            yield turn
+            self.queued[i] += self.env.now > submitted
+            yield self.env.timeout(duration)
+        then(self.env.now)
+
+    # --- loads ------------------------------------------------------------------------------------
+    def lookup(self, keys: list[int]) -> list[int]:
+        """The tier (top first) holding each of ``keys`` ready now, from the first key up to
+        the first that no tier has."""
+        found = []
+        for key in keys:
+            tiers = [i for i, tier in enumerate(self.tiers) if tier.ready(key, self.env.now)]
+            if not tiers:
+                break
+            found.append(tiers[0])
+        return found
+
+    def start_load(self, keys: list[int], found: list[int], priority: int,
+                   done: Callable[[float], None]) -> None:
+        """Load ``keys`` (``found[j]``: the tier providing ``keys[j]``) for a request of
+        ``priority``: one transfer per tier involved; ``done(end s)`` when the last ends.
+        Each use counts toward the next tier's write-through-after-hits."""
+        left = {i for i in found}
+
+        def ended(i: int, end_s: float) -> None:
+            left.discard(i)
+            if not left:
+                done(end_s)
+
+        for i, tier in enumerate(self.tiers):
+            mine = [key for key, t in zip(keys, found) if t == i]
+            if not mine:
+                continue
+            tier.use(mine, priority)
+            self.load_bytes[i] += len(mine) * self.block_bytes
+            self.transfer(i, len(mine), lambda end_s, i=i: ended(i, end_s))
+            if i + 1 < len(self.tiers):
+                self.count_hits(i + 1, [(key, tier.entries[key].parent, priority) for key in mine])
+
+    # --- stores -----------------------------------------------------------------------------------
+    def gpu_hits(self, entries: list[Entry]) -> None:
+        """An admission (or a load) hit these cached GPU blocks."""
+        self.count_hits(0, entries)
+
+    def gpu_evicted(self, entries: list[Entry]) -> None:
+        """The GPU evicted these cached blocks during this scheduling."""
+        if self.configs[0].write_policy == "write-back":
+            self.pending[0] += entries
+
+    def count_hits(self, i: int, entries: list[Entry]) -> None:
+        """One more hit of each key toward tier ``i``'s write-through-after-hits: the one that
+        brings a key's count to N joins tier ``i``'s scheduling batch."""
+        c = self.configs[i]
+        if c.write_policy != "write-through-after-hits":
+            return
+        for entry in entries:
+            key = entry[0]
+            self.counts[i][key] = self.counts[i].get(key, 0) + 1
+            if self.counts[i][key] == c.write_after_hits:
+                self.pending[i].append(entry)
+
+    def flush_scheduling(self) -> None:
+        """The scheduling ended: send its batch."""
+        batches, self.pending = self.pending, [[] for _ in self.configs]
+        self.flush(batches)
+
+    def write_through(self, entries: list[Entry]) -> None:
+        """A step ended: its chunks named these prompt blocks (in step order)."""
+        if self.configs[0].write_policy == "write-through":
+            self.flush([list(entries)] + [[] for _ in self.configs[1:]])
+
+    def flush(self, batches: list[list[Entry]]) -> None:
+        """Store each tier's batch, top first; tier i's stores (write-through) or evictions
+        (write-back) join tier i + 1's batch."""
+        for i, batch in enumerate(batches):
+            if not batch:
+                continue
+            stored, evicted = self.store(i, batch)
+            if i + 1 < len(batches):
+                below = self.configs[i + 1].write_policy
+                if below == "write-through":
+                    batches[i + 1] += [e for e in batch if e[0] in stored]
+                elif below == "write-back":
+                    batches[i + 1] += evicted
+
+    def store(self, i: int, batch: list[Entry]) -> tuple[list[int], list[Entry]]:
+        """One transfer into tier ``i`` of the batch's keys it does not hold; they take room
+        now and are ready when the transfer ends."""
+        tier = self.tiers[i]
+        keys, parents, priorities = zip(*batch)
+        stored, evicted = tier.store(keys, parents, math.inf, priorities)
+        if stored:
+            # (a key the batch's later keys evicted again is gone already)
+            entries: list[TierEntry] = [tier.entries[key] for key in stored if key in tier]
+            self.store_bytes[i] += len(stored) * self.block_bytes
+
+            def ready(end_s: float) -> None:
+                for e in entries:  # (one evicted meanwhile is no longer the tier's)
+                    e.ready_s = end_s
+
+            self.transfer(i, len(stored), ready)
+        return stored, evicted
+
+    def stats(self) -> dict[str, dict[str, float]]:
+        """Per tier name, the counters of ``TIER_COUNTERS``."""
+        return {
+            tier.name: {
+                "hit_blocks": tier.hit_blocks,
+                "loaded_tokens": tier.hit_blocks * self.block_size,
+                "load_bytes": self.load_bytes[i],
+                "store_bytes": self.store_bytes[i],
+                "link_busy_s": self.busy_s[i],
+                "stored_blocks": tier.stored_blocks,
+                "dropped_blocks": tier.dropped_blocks,
+                "evictions": tier.evictions,
+            }
+            for i, tier in enumerate(self.tiers)
+        }
 
 
 # --- the simulation ----------------------------------------------------------------------------
@@ -831,6 +1100,7 @@ class ReferenceResult:
     totals: Totals
     itl: list[tuple[float, int]]  # (gap s, sequences): every inter-token gap of every replica
     allocators: list
+    tier_stats: dict[str, dict[str, float]] = field(default_factory=dict)  # summed over replicas
 
 
 def make_reference_allocator(
@@ -930,6 +1200,14 @@ class ReferenceSimulation:
             replica(i, alloc, make_cost(), rules, cfg.seed, self.record_end)
             for i, alloc in enumerate(allocators)
         ]
+        for replica in self.replicas:
+            replica.wake = lambda r=replica: self.wake(r)
+        tiers = getattr(cfg.allocator, "tiers", [])
+        if tiers:  # the config allows them only under vllm-v1 with prefix caching
+            B = cfg.allocator.block_size
+            for replica in self.replicas:
+                replica.tiers = ReferenceTiers(self.env, tiers, B, B * cfg.model.spec.kv_bytes_per_token)
+                replica.alloc.log_evictions = tiers[0].write_policy == "write-back"
         self.overlap_swap = cfg.preemption.overlap_swap
         self.rows: list[tuple] = []
         self.ended: list[tuple] = []
@@ -965,15 +1243,17 @@ class ReferenceSimulation:
     def engine(self, replica: ReferenceReplica):
         env, cost = self.env, replica.cost
         while True:
+            if replica.tiers is not None:  # transfers that end now end first: a lookup now
+                yield env.timeout(0)  # sees what they stored, and loads done now are back
             step = replica.schedule(env.now)
             if not step.prefill and not step.decode:
                 if step.preempted:  # every running group was preempted: nothing ran; schedule again
                     continue
-                if replica.has_work and not replica.running:
+                if replica.has_work and not replica.running and not replica.loading:
                     raise ReferenceStalled(
                         f"replica {replica.index}: work remains that can never be scheduled"
                     )
-                if self.arrivals_done and not replica.has_work:
+                if self.arrivals_done and not replica.has_work and not replica.loading:
                     return
                 replica.wake_event = env.event()
                 yield replica.wake_event
@@ -1056,6 +1336,8 @@ class ReferenceSimulation:
                 g.recomputed_tokens,
                 g.swapped_out_blocks,
                 g.swapped_in_blocks,
+                g.loaded_tokens,
+                g.load_wait_s,
             )
         )
 
@@ -1082,6 +1364,8 @@ class ReferenceSimulation:
             "recomputed_tokens",
             "swapped_out_blocks",
             "swapped_in_blocks",
+            "loaded_tokens",
+            "load_wait_s",
         )
         requests = (
             pd.DataFrame(self.ended, columns=columns)
@@ -1092,12 +1376,19 @@ class ReferenceSimulation:
             requests[c] = requests[c].astype(float)
         steps = pd.DataFrame(self.rows, columns=STEP_FIELDS)
         itl = [gap for r in self.replicas for gap in r.itl]
+        tier_stats: dict[str, dict[str, float]] = {}
+        for r in self.replicas:
+            for name, counters in (r.tiers.stats() if r.tiers is not None else {}).items():
+                mine = tier_stats.setdefault(name, dict.fromkeys(TIER_COUNTERS, 0))
+                for c, v in counters.items():
+                    mine[c] += v
         return ReferenceResult(
             requests,
             steps,
             totals(steps, self.cfg.metrics.measurement_window),
             itl,
             [r.alloc for r in self.replicas],
+            tier_stats,
         )
 
 

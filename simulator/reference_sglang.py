@@ -34,6 +34,23 @@ Ratio: starts at 0.7 x ``schedule_conservativeness`` (at most 1), floor 0.14 x t
 After the step (``complete``): decoders gain their token; every prefill chunk joins the
 tree; a request whose prefill is done samples a token (its first: TTFT) and joins the
 running batch; requests with all their output finish (their tokens join the tree).
+
+Cache tiers (``allocator.tiers``: SGLang's HiCache host tier and below; the tiers are
+``simulator.reference.ReferenceTiers``, SimPy links, a process per transfer). A tier holds
+pages (``page_size`` tokens), each named by its sequence's tokens up to its end. When a
+waiting request is considered (in queue order, after the ``max_num_seqs`` check) and has
+locked its cached prefix, the pages after it, up to the match cap (tokens - 1, whole
+pages), are looked up in the tiers page by page (the top tier holding one ready provides
+it) up to the first page none has. If any is found the request *loads* instead of being
+admitted: it needs that many pages of slots available (free or evictable; else admission
+stops), counts its lookup and hit now, keeps its prefix locked, takes fresh slots for the
+pages (which may evict) and waits outside the queue and the batch; admission goes on with
+the next request. When its last transfer ends, the pages join the tree (those cached
+meanwhile are duplicates, freed), it lets go of its slots and lock and goes back to the
+*front* of the waiting queue; its next admission counts no lookup and no hit. Stores:
+``write-through`` the pages a prefill chunk puts in the tree (at the step's end),
+``write-through-after-hits`` a page at its N-th hit at admission (or load), ``write-back``
+the pages the tree evicts (batched at the end of the scheduling, after its loads).
 """
 
 from __future__ import annotations
@@ -86,6 +103,7 @@ class SGLangRequest(Group):
 
     tokens: tuple = ()
     target: int = 0  # tokens its current prefill computes to (prompt + generated then)
+    after_load: bool = False  # back from a load: its next admission counts no lookup, no hit
 
     @property
     def seq(self) -> int:
@@ -144,13 +162,16 @@ class ReferenceSGLangReplica(ReferenceReplica):
         if step.prefill:
             if self.rules.enable_mixed_chunk and self.running and self.decode_fits():
                 self.decode(step)
-            return step
-        if self.running:
+        elif self.running:
             if self.decode_fits():
                 self.new_token_ratio = max(self.new_token_ratio - self.decay, self.floor)
             else:
                 self.retract(step)
             self.decode(step)
+        if self.tiers is not None:  # this scheduling's stores go out after the loads it started
+            self.tiers.gpu_evicted(self.alloc.evicted)
+            self.alloc.evicted = []
+            self.tiers.flush_scheduling()
         return step
 
     def prefill(self, step: Step) -> None:
@@ -190,7 +211,7 @@ class ReferenceSGLangReplica(ReferenceReplica):
             self.blocked = "limits"
             return
         self.order_queue()
-        admitted = []
+        admitted = []  # taken out of the queue: admitted, or loading from a cache tier
         for g in self.waiting:
             if len(self.running) + len(step.prefill) >= rules.max_num_seqs:
                 self.blocked = "limits"
@@ -198,6 +219,16 @@ class ReferenceSGLangReplica(ReferenceReplica):
             T = g.tokens_to_compute
             hit = alloc.open(g.seq, g.tokens, T, g.request.prompt_tokens + g.request.output_tokens - 1,
                              g.request.priority)
+            if self.tiers is not None:
+                found = self.tiers.lookup(self.page_names(g, hit // P, (T - 1) // P))
+                if found:
+                    if len(found) * P > alloc.available():
+                        self.blocked = "no space"
+                        alloc.release(g.seq)
+                        break
+                    self.start_load(g, hit, found, T)
+                    admitted.append(g)
+                    continue
             uncached = T - hit
             n = chunk_of(uncached)
             slots = alloc.slots_to_extend(g.seq, n)
@@ -210,7 +241,11 @@ class ReferenceSGLangReplica(ReferenceReplica):
             if self.blocked is not None:
                 alloc.release(g.seq)
                 break
-            alloc.count_lookup(T, hit)
+            if g.after_load:  # counted when its load started
+                g.after_load = False
+            else:
+                alloc.count_lookup(T, hit)
+                self.count_gpu_hits(g, hit)
             allocated += slots
             admitted.append(g)
             g.prompt_len, g.cached_tokens, g.target = T, hit, T
@@ -231,6 +266,51 @@ class ReferenceSGLangReplica(ReferenceReplica):
                 self.blocked = "limits" if len(self.waiting) > len(admitted) else None
                 break
         self.waiting = [g for g in self.waiting if g not in admitted]
+
+    # --- loads from cache tiers (allocator.tiers) ----------------------------------------------
+    def page_names(self, g: SGLangRequest, first: int, stop: int):
+        """Names of ``g``'s pages ``first`` .. ``stop - 1``: its tokens up to each page's end."""
+        P = self.alloc.page_size
+        return (tuple(g.tokens[:(j + 1) * P]) for j in range(first, stop))
+
+    def page_entries(self, g: SGLangRequest, first: int, stop: int) -> list:
+        """(name, parent's name or None, ``g``'s priority) of ``g``'s pages ``first`` .. ``stop - 1``."""
+        P = self.alloc.page_size
+        return [(tuple(g.tokens[:(j + 1) * P]), tuple(g.tokens[:j * P]) if j else None, g.request.priority)
+                for j in range(first, stop)]
+
+    def start_load(self, g: SGLangRequest, hit: int, found: list[int], T: int) -> None:
+        """``g`` (its ``hit`` cached tokens locked) loads the ``len(found)`` pages after them
+        (``found``: the tier providing each) into fresh slots, and waits outside the queue."""
+        alloc, P, k = self.alloc, self.alloc.page_size, len(found)
+        g.after_load = False
+        alloc.count_lookup(T, hit)
+        self.count_gpu_hits(g, hit)
+        alloc.extend(g.seq, k * P)
+        g.status = "loading"
+        self.loading.append(g)
+        keys, start = list(self.page_names(g, hit // P, hit // P + k)), self.now
+        self.tiers.start_load(keys, found, g.request.priority,
+                              lambda done_s: self.finish_load(g, k, start, done_s))
+
+    def finish_load(self, g: SGLangRequest, k: int, start_s: float, done_s: float) -> None:
+        """``g``'s last transfer ended at ``done_s``: its pages join the tree, it lets go of its
+        slots and lock, and goes back to the front of the waiting queue."""
+        self.alloc.finish(g.seq)
+        self.loading.remove(g)
+        g.loaded_tokens += k * self.alloc.page_size
+        if g.first_token_s is None:
+            g.load_wait_s += done_s - start_s
+        g.after_load = True
+        g.status = "waiting"
+        self.waiting.insert(0, g)
+        self.wake()
+
+    def count_gpu_hits(self, g: SGLangRequest, hit: int) -> None:
+        """``g``'s admission (or load) hit its first ``hit`` tokens in the tree: one hit of each
+        whole page toward write-through-after-hits."""
+        if self.tiers is not None and hit:
+            self.tiers.gpu_hits(self.page_entries(g, 0, hit // self.alloc.page_size))
 
     def add_chunk(self, g: SGLangRequest, n: int, step: Step) -> None:
         """``g`` computes ``n`` prompt tokens after the ones it has (causal attention)."""
@@ -314,8 +394,16 @@ class ReferenceSGLangReplica(ReferenceReplica):
             g.generated += 1
             if g.generated == g.request.output_tokens:
                 finished.append(g)
+        filled = []  # pages the prefill chunks put in the tree (write-through)
         for g in step.prefill:
+            before = self.alloc.held[g.seq].cached
             self.alloc.cache(g.seq)
+            if self.tiers is not None:
+                P = self.alloc.page_size
+                filled += self.page_entries(g, before // P, self.alloc.held[g.seq].cached // P)
+        if filled:
+            self.tiers.write_through(filled)
+        for g in step.prefill:
             if self.alloc.kv_len(g.seq) < g.target:
                 continue  # mid-prefill
             g.recomputing = False

@@ -9,14 +9,17 @@ from pathlib import Path
 
 import pandas as pd
 
+from kvsim.policies.cache_tier import CacheTier
 from kvsim.policies.contiguous_allocator import ContiguousAllocator, contiguous_preset
 from kvsim.policies.kv_allocator import KVAllocator
 from kvsim.policies.paged_allocator import PagedAllocator
 from kvsim.policies.radix_cache import RadixCacheAllocator
 from kvsim.policies.v1_prefix_cache import V1PrefixCacheAllocator
+from kvsim.simulator.cache_tiers import Level, TierLink, TierStack
 from kvsim.simulator.capacity import swap_slots
 from kvsim.simulator.config import ConfigError, ExperimentConfig
 from kvsim.simulator.cost_model.base import CostModel
+from kvsim.simulator.cost_model.catalogue import GiB
 from kvsim.simulator.cost_model.roofline import RooflineCostModel, RooflineParams
 from kvsim.simulator.engine import Simulation
 from kvsim.simulator.latency_histogram import LatencyHistogram
@@ -69,6 +72,41 @@ def make_allocator_factory(cfg: ExperimentConfig) -> Callable[[], KVAllocator]:
     placement, reservation, _ = allocator_settings(cfg)
     max_len = a.reserve_tokens or cfg.model.context_len
     return lambda: ContiguousAllocator(slots, placement, reservation, max_len, swap)
+
+
+def make_tier_factory(cfg: ExperimentConfig) -> Callable[[], TierStack] | None:
+    """Each replica's cache tiers (``allocator.tiers``), or None when there are none."""
+    tiers = getattr(cfg.allocator, "tiers", None)
+    if not tiers:
+        return None
+    B = cfg.allocator.block_size
+    block_bytes = B * cfg.model.spec.kv_bytes_per_token  # one block of the whole replica's KV
+
+    def make() -> TierStack:
+        levels = [Level(CacheTier(t.name, int(t.capacity_gib * GiB // block_bytes), t.eviction_policy),
+                        TierLink(t.link_bandwidth, t.link_latency), t.write_policy, t.write_after_hits or 0)
+                  for t in tiers]
+        return TierStack(levels, B, block_bytes)
+    return make
+
+
+def tier_summary(sim: Simulation, requests: pd.DataFrame) -> dict:
+    """Per tier: hit ratio over the GPU cache's lookups and every counter; the TTFT split."""
+    out: dict = {}
+    lookups = sum(getattr(r.scheduler.alloc, "prefix_lookups", 0) for r in sim.replicas)
+    # vLLM's cache counts lookups in blocks, the radix cache in tokens
+    unit = "loaded_tokens" if isinstance(sim.replicas[0].scheduler.alloc, RadixCacheAllocator) else "hit_blocks"
+    for name, c in sim.tier_stats().items():
+        out[f"tier_{name}_hit_ratio"] = c[unit] / lookups if lookups else 0.0
+        out.update({f"tier_{name}_{k}": v for k, v in c.items()})
+    done = requests[requests["status"] == "finished"]
+    if len(done):
+        load = done["load_wait_s"]
+        queue = done["scheduled_s"] - done["arrival_s"] - load
+        prefill = done["first_token_s"] - done["scheduled_s"]
+        for part, v in (("queue", queue), ("load", load), ("prefill", prefill)):
+            out[f"mean_ttft_{part}_ms"] = float(v.mean()) * 1000
+    return out
 
 
 def make_cost_factory(cfg: ExperimentConfig, base_dir: Path) -> Callable[[], CostModel]:
@@ -184,7 +222,8 @@ def run_experiment(cfg: ExperimentConfig, base_dir: Path = Path("."),
     sim = Simulation(requests, make_allocator_factory(cfg), make_cost_factory(cfg, base_dir),
                      scheduler_settings(cfg), cfg.hardware.num_replicas, cfg.scheduler.router,
                      macro_steps=cfg.engine.macro_steps, overlap_swap=cfg.preemption.overlap_swap,
-                     keep_steps=cfg.metrics.step_table, window=cfg.metrics.measurement_window)
+                     keep_steps=cfg.metrics.step_table, window=cfg.metrics.measurement_window,
+                     make_tiers=make_tier_factory(cfg))
     if progress is not None:
         progress.watch(sim)
     sim.run()
@@ -203,5 +242,7 @@ def run_experiment(cfg: ExperimentConfig, base_dir: Path = Path("."),
         summary["cost_out_of_grid_lookups"] = sum(sum(r.cost.out_of_grid.values()) for r in sim.replicas)
     summary.update(allocator_stats([r.scheduler.alloc for r in sim.replicas], cfg.model.spec.kv_bytes_per_token,
                                    summary))
+    if getattr(cfg.allocator, "tiers", None):
+        summary.update(tier_summary(sim, req_df))
     wall = time.perf_counter() - t0
     return RunResult(cfg, summary, req_df, steps, wall, run_warnings(cfg, summary, req_df))

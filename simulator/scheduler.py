@@ -23,7 +23,7 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -131,20 +131,15 @@ class FinishQueue:
             heapq.heappop(heap)
         return None
 
-    def due_by(self, ticks: int) -> Iterable[SequenceGroup]:
-        """Take the running groups due at or before ``ticks``, earliest first (one filed
-        again while the caller handles another is seen too)."""
-        heap = self._heap
-        if not heap or heap[0][0] > ticks:  # most steps retire nobody: no generator then
-            return ()
-        return self._take_due(ticks)
-
-    def _take_due(self, ticks: int) -> Iterator[SequenceGroup]:
+    def retire_due(self, ticks: int, retire: Callable[[SequenceGroup, float], None], now: float) -> None:
+        """Take the running groups due at or before ``ticks``, earliest first, and hand each
+        to ``retire(group, now)`` as it is taken (one filed again meanwhile is seen too).
+        A loop, not a generator: it runs after every step, and most steps retire nobody."""
         heap = self._heap
         while heap and heap[0][0] <= ticks:
             due, _, _, g = heapq.heappop(heap)
             if g.status is Status.RUNNING and g.due == due:
-                yield g
+                retire(g, now)
 
 
 class Scheduler:
@@ -156,6 +151,10 @@ class Scheduler:
     heap orders running groups by the clock at which their next sequence finishes.
     A step costs work for the groups that join, leave or finish, not for all.
     """
+
+    #: When the next load from a cache tier ends (s): v0 has no cache tiers, so never. A class
+    #: constant, not a property: the fast path reads it for every run it plans.
+    next_load_s: float = float("inf")
 
     def __init__(self, allocator: KVAllocator, limits: SchedulerSettings, on_terminal: Callable[[SequenceGroup], None]):
         self.alloc = allocator
@@ -177,6 +176,11 @@ class Scheduler:
         self._finishes = FinishQueue()
         self._fresh: list[SequenceGroup] = []  # joined the running batch since the last decode step
         self._last_decode_end = 0.0  # when the last decode step ended (s)
+        # Memory only shrinks while nothing is released (decoding takes slots, never gives):
+        # a head refused for memory stays refused until the next release, so its verdict is
+        # kept (group, releases then, verdict) instead of asking the allocator every step.
+        self._releases = 0  # frees, swap-outs and beam re-seedings so far
+        self._refused: tuple[SequenceGroup, int, Admission] | None = None
 
     # --- arrivals --------------------------------------------------------------
     def add(self, request: Request, now: float) -> SequenceGroup:
@@ -216,18 +220,22 @@ class Scheduler:
         step = Step()
         may_admit = not self.swapped and not (self.limits.request_level_batching and self.running)
         if may_admit:
-            self._admit(step)
-            if step.prefill:
-                return step
+            self.blocked = None
+            if self.waiting:  # (most decode steps: nothing waits, no call)
+                self._admit(step)
+                if step.prefill:
+                    return step
         elif self.waiting:
             self.blocked = "swapped" if self.swapped else "batch"
         self._decode(step)
         return step
 
     def _admit(self, step: Step) -> None:
+        """Admit waiting groups FCFS into ``step`` (something waits); say why the next is not."""
         alloc, lim, shape = self.alloc, self.limits, step.shape
-        self.blocked = None
-        if not self.waiting:
+        refused = self._refused
+        if refused is not None and refused[0] is self.waiting[0] and refused[1] == self._releases:
+            self.blocked = refused[2]  # nothing released since it was refused: still refused
             return
         seqs = alloc.resident_kv()[0]  # every sequence on the GPU is running
         while self.waiting:
@@ -241,6 +249,7 @@ class Scheduler:
                 continue
             if verdict is not Admission.OK:
                 self.blocked = verdict
+                self._refused = (g, self._releases, verdict)
                 return
             if shape.prefill_tokens + g.prompt_len > lim.max_num_batched_tokens or seqs + live > lim.max_num_seqs:
                 self.blocked = "limits"
@@ -275,10 +284,6 @@ class Scheduler:
         g.fresh = True
         self._fresh.append(g)
 
-    def _expect_finish(self, g: SequenceGroup) -> None:
-        """(Re)file a running group under the clock at which its next sequence finishes."""
-        self._finishes.file(g)
-
     def _stop_running(self, g: SequenceGroup) -> None:
         """Write back the lockstep state of a group leaving the running batch (its caller
         then sets where it goes)."""
@@ -303,7 +308,7 @@ class Scheduler:
         # path gives each its slot in one all-or-nothing call.
         if not alloc.try_append_all():
             self.running = self._append_or_preempt(step)
-        if not step.preempted and self.swapped:
+        if self.swapped and not step.preempted:
             self._swap_in(step)
         step.shape.decode_seqs, step.shape.decode_context = alloc.resident_kv()
         step.decode = list(self.running)
@@ -333,6 +338,7 @@ class Scheduler:
         counts = beam_parent_counts(self.limits.beam_concentration, uniforms)
         if 0 not in counts:  # every beam chosen once: nothing forks
             return
+        self._releases += 1  # a dead beam's blocks are released
         if not self.alloc.shares_memory:
             # Without sharing every beam keeps its own region (all beams have the same
             # length); a beam taking over a dead one's region copies its parent's KV there.
@@ -382,10 +388,11 @@ class Scheduler:
             assert appended, "swap-in left no room for the next token"
             seqs += g.num_live
             self._start_running(g)
-            self._expect_finish(g)
+            self._finishes.file(g)
 
     # --- preemption -----------------------------------------------------------------
     def _preempt(self, g: SequenceGroup, step: Step) -> None:
+        self._releases += 1  # swapped out, recomputed or aborted: its GPU memory is released
         self._stop_running(g)
         g.preemptions += 1
         mode = self.limits.preemption
@@ -477,7 +484,7 @@ class Scheduler:
                 else:  # recomputed: the gap since its last token spans the preemption
                     self.itl.add(now - g.last_token, len(g.seq_ids))
                 g.last_token = now
-                self._expect_finish(g)
+                self._finishes.file(g)
         else:
             first_end = now - run.total if run is not None else now
             steady = step.shape.decode_seqs  # decoded in the previous decode step too
@@ -493,24 +500,21 @@ class Scheduler:
             self._last_decode_end = first_end
             if run is not None:
                 self._run_done(run, step.shape.decode_seqs, now)
-        self._retire_due(now)
+        self._finishes.retire_due(self.clock.ticks, self._retire_done, now)
 
     def complete_run(self, run: RunWeights, now: float) -> None:
         """A run that went on past a finish (no step of its own) ended at ``now``: every
         running sequence gained one token per iteration."""
         self._run_done(run, self.alloc.resident_kv()[0], now)
-        self._retire_due(now)
+        self._finishes.retire_due(self.clock.ticks, self._retire_done, now)
 
     def _run_done(self, run: RunWeights, seqs: int, now: float) -> None:
         self.itl.add_linear(run.first, run.slope, run.steps, seqs)
         self.clock.ticks += run.steps
         self._last_decode_end = now
 
-    def _retire_due(self, now: float) -> None:
-        for g in self._finishes.due_by(self.clock.ticks):
-            self._retire_done(g, now)
-
     def _retire_done(self, g: SequenceGroup, now: float) -> None:
+        self._releases += 1
         if len(g.seq_ids) == 1:  # the usual case: one sequence, and it is due
             self.alloc.free(g.seq_ids.pop())
         else:
@@ -520,7 +524,7 @@ class Scheduler:
                 g.seq_ids.remove(s)
         if g.seq_ids:
             g.next_finish = min(g.targets[s] for s in g.seq_ids)
-            self._expect_finish(g)
+            self._finishes.file(g)
             return
         self._stop_running(g)
         g.last_token = g.finish = now
@@ -528,6 +532,7 @@ class Scheduler:
         self._end(g, Status.FINISHED, None)
 
     def _free_all(self, g: SequenceGroup) -> None:
+        self._releases += 1
         for s in g.seq_ids:
             self.alloc.free(s)
 

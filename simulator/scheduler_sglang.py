@@ -56,6 +56,35 @@ output length (SGLang's benchmarks send exactly that with ``ignore_eos``); retra
 requests rejoin the back of the queue (``lpm`` sorts them anyway); multi-sequence requests
 (``n`` > 1, beams) are rejected (SGLang runs parallel samples as separate requests).
 
+Cache tiers (``allocator.tiers``; ``simulator.cache_tiers``, DESIGN.md "Cache tiers"), as
+SGLang's HiCache keeps a host tier (and storage) below the radix cache, by the same rules as
+under vllm-v1 where the radix cache allows; adapted:
+
+- A tier entry is a *page* (``page_size`` tokens), named by the chained identity of its
+  content (:class:`policies.radix_cache.PageChain`: (previous page's name, page tokens),
+  interned), so a page is only found after the pages before it, as a block under vLLM.
+- **Lookup.** Every waiting request considered for admission (in ``schedule_policy``
+  order, after the ``max_num_seqs`` check) first locks its radix match (at most its tokens
+  - 1, whole pages); the pages after it, below that cap, are looked up page by page in the
+  tiers (the top tier holding one ready provides it) up to the first page none holds.
+- **Load** (some page found): instead of being admitted the request needs slots for the
+  pages among those available (free or evictable; else admission stops, NO_SPACE, as for a
+  request that does not fit), counts its lookup and radix hit now, keeps its prefix
+  locked, takes fresh slots for the pages (which may evict) and waits outside the queue and
+  the batch (no batch slot, no prefill budget); admission goes on with the next request.
+  When its last transfer ends the pages join the tree (pages cached meanwhile are
+  duplicates and freed), it lets go of its slots and lock, and goes back to the *front*
+  of the waiting queue (loads ending together: by end time, then sequence, each to the
+  front); its next admission counts no lookup and no hit. (``lpm`` and ``dfs-weight``
+  re-sort the queue every step, so the front matters under ``fcfs``, for ties, and when
+  more than 128 wait.)
+- **Stores**: ``write-through`` the pages a prefill chunk puts in the tree (when its step
+  ends; decode tokens join the tree only when a request finishes and are not stored,
+  as vLLM's connector stores prompt blocks); ``write-through-after-hits`` a page at its
+  N-th radix hit at admission (or at a load's start); ``write-back`` the pages of every
+  node the tree evicts, first to last, with the node's priority (tree evictions happen
+  only while scheduling, so they go out in the scheduling's batch, after its loads).
+
 Speed: no macro-steps. Each decode step touches every running request (one slot each from
 the allocator), so a run costs O(steps x batch), not O(events); the prefix work itself is
 per event (a match or insert per admission, chunk and finish, walking nodes). Runs of
@@ -65,11 +94,14 @@ predict cheaply (a decay of the ratio can unblock admission at any step), so the
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import islice
 
 from kvsim.policies.kv_allocator import Admission, RunWeights
 from kvsim.policies.radix_cache import RadixCacheAllocator, Tokens, request_tokens
+from kvsim.simulator.cache_tiers import TierStack, chain_parents
 from kvsim.simulator.cost_model.base import causal_attention_pairs
 from kvsim.simulator.latency_histogram import LatencyHistogram
 from kvsim.simulator.scheduler import SchedulerSettings, Step
@@ -111,7 +143,7 @@ class SchedulerSGLang:
     """Owns one replica's waiting queue, running batch and the request mid-prefill."""
 
     def __init__(self, allocator: RadixCacheAllocator, limits: SchedulerSettings,
-                 on_terminal: Callable[[SequenceGroup], None]):
+                 on_terminal: Callable[[SequenceGroup], None], tiers: TierStack | None = None):
         if not isinstance(allocator, RadixCacheAllocator):
             raise ValueError("scheduler policy sglang needs the radix cache (RadixCacheAllocator)")
         self.alloc = allocator
@@ -138,6 +170,14 @@ class SchedulerSGLang:
         self._tokens: dict[SequenceGroup, Tokens] = {}
         self._target: dict[SequenceGroup, int] = {}  # tokens the current prefill computes to
         self._next_seq = 0
+        # Cache tiers below the radix cache (module docstring, "Cache tiers"): requests loading
+        # pages, by when their load ends: (end s, seq, group, start s, pages loaded)
+        self.tiers = tiers
+        self.loading: list[tuple[float, int, SequenceGroup, float, int]] = []
+        self.on_load: Callable[[float], None] | None = None  # the engine's wake-up at a load's end
+        self._page_keys: dict[SequenceGroup, list[int]] = {}  # a request's page names so far
+        if tiers is not None and tiers.levels[0].write == "write-back":
+            allocator.listen_evictions(tiers.gpu_evicted)
 
     # --- arrivals --------------------------------------------------------------------
     def add(self, request: Request, now: float) -> SequenceGroup:
@@ -163,7 +203,12 @@ class SchedulerSGLang:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.chunked)
+        return bool(self.waiting or self.running or self.chunked or self.loading)
+
+    @property
+    def next_load_s(self) -> float:
+        """When the next load from a cache tier ends (s; inf: none in flight)."""
+        return self.loading[0][0] if self.loading else float("inf")
 
     # --- queue order -----------------------------------------------------------------
     def _num_tokens(self, g: SequenceGroup) -> int:
@@ -233,9 +278,10 @@ class SchedulerSGLang:
             if self.settings.enable_mixed_chunk and self.running and sum(
                     alloc.slots_to_extend(g.seq_ids[0], 1) for g in self.running) <= alloc.available():
                 self._decode(step, retract=False)  # (SGLang mixes without retraction)
-            return step
-        if self.running:
+        elif self.running:
             self._decode(step, retract=True)
+        if self.tiers is not None:  # this scheduling's write-back / after-hits stores, after its loads
+            self.tiers.flush_scheduling(now)
         return step
 
     def _reserved(self) -> float:
@@ -282,7 +328,7 @@ class SchedulerSGLang:
             self.blocked = "limits"
             return
         self.order_queue()
-        admitted = 0
+        admitted = 0  # waiting requests taken out: admitted, or loading from a cache tier
         waiting = self.waiting
         for g in waiting:
             if len(self.running) + len(step.prefill) >= lim.max_num_seqs:
@@ -295,6 +341,14 @@ class SchedulerSGLang:
             # memory left shrinks by the part of the hit no running request held (SGLang
             # checks again under ``_lock_node`` for the same reason).
             hit = alloc.open(s, tokens, T, self._final_len(g), g.request.priority)
+            if self.tiers is not None and (found := self._tier_lookup(g, hit, T)):
+                if len(found) * P > alloc.available():  # no room for the pages: admission stops
+                    self.blocked = Admission.NO_SPACE
+                    alloc.retract(s)
+                    break
+                self._start_load(g, hit, found, T)
+                admitted += 1
+                continue
             extend = T - hit
             clipped = min(g.request.output_tokens - g.gen_base, CLIP_MAX_NEW_TOKENS)
             n = extend if rem_chunk is None or extend <= rem_chunk else rem_chunk // P * P
@@ -308,7 +362,12 @@ class SchedulerSGLang:
             if self.blocked is not None:
                 alloc.retract(s)  # let go of the lock: nothing was taken
                 break
-            alloc.count_lookup(T, hit)
+            if g.after_load:  # its lookup and hits were counted when its load started
+                g.after_load = False
+            else:
+                alloc.count_lookup(T, hit)
+                if self.tiers is not None:
+                    self._count_gpu_hits(g, hit)
             taken += more
             admitted += 1
             g.prompt_len = T
@@ -332,6 +391,59 @@ class SchedulerSGLang:
                 self.blocked = "limits" if len(waiting) > admitted else None
                 break
         del waiting[:admitted]
+
+    # --- loads from cache tiers (simulator.cache_tiers) --------------------------------
+    def _keys(self, g: SequenceGroup, stop: int) -> list[int]:
+        """The names of ``g``'s first ``stop`` pages (at least; computed once per request)."""
+        keys = self._page_keys.setdefault(g, [])
+        if len(keys) < stop:
+            self.alloc.pages.extend(self._tokens[g], keys, stop)
+        return keys
+
+    def _tier_lookup(self, g: SequenceGroup, hit: int, T: int) -> list[int]:
+        """The tier providing each page after ``g``'s radix hit of ``hit`` tokens, up to the
+        first page no tier holds ready, below the match cap (``T - 1`` tokens, whole pages)."""
+        P = self.alloc.page_size
+        first, stop = hit // P, (T - 1) // P
+        if first >= stop:
+            return []
+        return self.tiers.lookup(islice(self._keys(g, stop), first, stop), self.now)
+
+    def _start_load(self, g: SequenceGroup, hit: int, found: list[int], T: int) -> None:
+        """``g`` loads the ``len(found)`` pages after its radix hit (locked since ``open``) from
+        the tiers ``found`` names into fresh slots; it waits outside the queue and the batch."""
+        alloc, P, s = self.alloc, self.alloc.page_size, g.seq_ids[0]
+        g.after_load = False
+        alloc.count_lookup(T, hit)
+        self._count_gpu_hits(g, hit)
+        k = len(found)
+        alloc.extend(s, k * P)  # (may evict: write-back stores what goes)
+        first = hit // P
+        done = self.tiers.start_load(self._page_keys[g][first:first + k], found, self.now, g.request.priority)
+        heapq.heappush(self.loading, (done, s, g, self.now, k))
+        if self.on_load is not None:
+            self.on_load(done)
+
+    def _count_gpu_hits(self, g: SequenceGroup, hit: int) -> None:
+        """Tell the tiers which cached pages ``g`` hit (write-through-after-hits counts them)."""
+        pages = hit // self.alloc.page_size
+        if pages and self.tiers.levels[0].write == "write-through-after-hits":
+            keys = self._keys(g, pages)[:pages]
+            self.tiers.gpu_hits(keys, chain_parents(keys, None), g.request.priority)
+
+    def finish_loads(self, now: float) -> None:
+        """Loads that ended by ``now`` (s): their pages join the tree (pages cached meanwhile
+        are duplicates, freed), the request lets go of its slots and lock and goes back to
+        the front of the waiting queue (a radix hit awaits it)."""
+        P = self.alloc.page_size
+        while self.loading and self.loading[0][0] <= now:
+            done, s, g, start, k = heapq.heappop(self.loading)
+            self.alloc.finish(s)
+            g.loaded_tokens += k * P
+            if g.first_token is None:
+                g.load_wait += done - start
+            g.after_load = True
+            self.waiting.insert(0, g)
 
     def _final_len(self, g: SequenceGroup) -> int:
         return g.request.prompt_tokens + g.request.output_tokens - 1
@@ -399,6 +511,7 @@ class SchedulerSGLang:
         finished their prefill sampled a token and joined the batch, decoders sampled."""
         alloc, itl = self.alloc, self.itl
         finished = []
+        stores = ([], [], []) if self.tiers is not None else None  # pages prefill chunks inserted
         for g in step.decode:  # each sampled; its gap since its own last token (prefill steps stall it)
             itl.add(now - g.last_token)
             g.last_token = now
@@ -407,7 +520,10 @@ class SchedulerSGLang:
                 finished.append(g)
         for g in step.prefill:
             s = g.seq_ids[0]
+            before = alloc.cached_len(s)
             alloc.cache_unfinished(s)
+            if stores is not None:
+                self._inserted_pages(g, before, alloc.cached_len(s), stores)
             if alloc.kv_len(s) < self._target[g]:
                 continue  # mid-prefill: it continues next step
             del self._target[g]
@@ -421,8 +537,19 @@ class SchedulerSGLang:
             self.running.append(g)
             if g.gen_base >= g.request.output_tokens:
                 finished.append(g)
+        if stores is not None and stores[0]:
+            self.tiers.write_through(*stores, now)
         for g in finished:
             self._retire(g, now)
+
+    def _inserted_pages(self, g: SequenceGroup, before: int, after: int, stores: tuple[list, list, list]) -> None:
+        """Note the pages ``g``'s chunk put in the tree (tokens ``before``..``after``) for write-through."""
+        P = self.alloc.page_size
+        if after > before:
+            keys = self._keys(g, after // P)[before // P:after // P]
+            stores[0].extend(keys)
+            stores[1].extend(chain_parents(keys, self._page_keys[g][before // P - 1] if before else None))
+            stores[2].extend([g.request.priority] * len(keys))
 
     def complete_run(self, run: RunWeights, now: float) -> None:
         raise NotImplementedError("sglang runs no macro-steps")
@@ -433,6 +560,7 @@ class SchedulerSGLang:
         g.last_token = g.finish = now
         self.running.remove(g)
         del self._tokens[g]
+        self._page_keys.pop(g, None)
         self._end(g, Status.FINISHED, None)
 
     def _end(self, g: SequenceGroup, status: Status, reason: str | None) -> None:

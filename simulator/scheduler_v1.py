@@ -39,19 +39,23 @@ certain to stay blocked.
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvsim.policies.kv_allocator import Admission, RunWeights
 from kvsim.policies.paged_allocator import PagedAllocator, blocks_for
-from kvsim.policies.v1_prefix_cache import V1PrefixCacheAllocator
+from kvsim.policies.v1_prefix_cache import V1PrefixCacheAllocator, block_identities
+from kvsim.simulator.cache_tiers import TierStack, chain_parents
 from kvsim.simulator.cost_model.base import causal_attention_pairs
 from kvsim.simulator.decoding import prefix_contents
 from kvsim.simulator.latency_histogram import LatencyHistogram
 from kvsim.simulator.scheduler import FinishQueue, SchedulerSettings, Step, beyond_context
 from kvsim.simulator.sequence import DecodeClock, SequenceGroup, Status
 from kvsim.traces import Request
+
+INF = float("inf")
 
 
 @dataclass(slots=True)
@@ -71,7 +75,7 @@ class SchedulerV1:
     """
 
     def __init__(self, allocator: PagedAllocator, limits: SchedulerSettings,
-                 on_terminal: Callable[[SequenceGroup], None]):
+                 on_terminal: Callable[[SequenceGroup], None], tiers: TierStack | None = None):
         if not isinstance(allocator, PagedAllocator):
             raise ValueError("scheduler policy vllm-v1 needs the paged allocator (allocator.kind: paged)")
         if allocator.prefix_caching and not isinstance(allocator, V1PrefixCacheAllocator):
@@ -92,6 +96,19 @@ class SchedulerV1:
         self._prefilling: dict[SequenceGroup, int] = {}  # running and catching up -> num_computed
         self._last_step_end = 0.0  # when the last step ended (s): every running decoder sampled then
         self._next_seq = 0
+        # Cache tiers below the GPU (simulator.cache_tiers): requests loading from them, by
+        # when their load ends: (end s, seq, group, start s, loaded keys, the first one's parent)
+        self.tiers = tiers
+        self.loading: list[tuple[float, int, SequenceGroup, float, list, object]] = []
+        self.on_load: Callable[[float], None] | None = None  # the engine's wake-up at a load's end
+        if tiers is not None:
+            if self.cache is None:
+                raise ValueError("cache tiers need the v1 prefix cache (allocator.prefix_caching: true)")
+            if tiers.levels[0].write == "write-back":
+                self.cache.on_evict = tiers.gpu_evicted
+        # Write-back sends each step's GPU evictions as one batch when it is scheduled, so
+        # decode steps (which may evict) are not run together in closed form.
+        self._writes_back = tiers is not None and tiers.levels[0].write == "write-back"
 
     # --- arrivals --------------------------------------------------------------------
     def add(self, request: Request, now: float) -> SequenceGroup:
@@ -117,7 +134,12 @@ class SchedulerV1:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.loading)
+
+    @property
+    def next_load_s(self) -> float:
+        """When the next load from a cache tier ends (s; inf: none in flight)."""
+        return self.loading[0][0] if self.loading else INF
 
     # --- one step ------------------------------------------------------------------
     def schedule(self, now: float) -> StepV1:
@@ -130,6 +152,8 @@ class SchedulerV1:
             self.blocked = "preempted" if self.waiting else None
         else:
             self._admit(step, budget)
+        if self.tiers is not None:
+            self.tiers.flush_scheduling(now)
         return step
 
     def _schedule_in_lockstep(self, step: StepV1, budget: int) -> int | None:
@@ -225,6 +249,15 @@ class SchedulerV1:
             g = waiting[0]
             T = g.request.prompt_tokens + g.gen_base  # num_tokens: a recomputed request keeps its tokens
             hits = cache.lookup(g.prefix, g.request.request_id, T) if cache is not None else []
+            if self.tiers is not None:
+                found = self.tiers.lookup(
+                    block_identities(g.prefix, g.request.request_id, len(hits), (T - 1) // B), self.now)
+                if found:
+                    if len(found) + len(hits) - (cache.in_use(hits) if hits else 0) > alloc.num_free_blocks:
+                        self.blocked = Admission.NO_SPACE
+                        return
+                    self._start_load(waiting.popleft(), hits, found, T)
+                    continue
             hit = len(hits) * B
             n = T - hit
             if 0 < threshold < n:
@@ -245,7 +278,14 @@ class SchedulerV1:
                 cache.take_hits(hits, g.request.priority)
             alloc.open_seq(s, hits, hit + n, g.final_len(s))
             if cache is not None:
-                cache.name(s, g.prefix, g.request.request_id, len(hits), (T - 1) // B, g.request.priority)
+                lookups = (T - 1) // B
+                if g.after_load:  # its lookup and hits were counted when its load started
+                    g.after_load = False
+                    cache.prefix_hits -= len(hits)
+                    lookups = 0
+                elif self.tiers is not None and hits:
+                    self._count_gpu_hits(g, len(hits))
+                cache.name(s, g.prefix, g.request.request_id, len(hits), lookups, g.request.priority)
             g.prompt_len = T
             g.cached_tokens = hit
             step.cached_tokens += hit
@@ -260,6 +300,44 @@ class SchedulerV1:
             budget -= n
             if hit + n < T:
                 partial += 1
+
+    # --- loads from cache tiers (simulator.cache_tiers) --------------------------------
+    def _start_load(self, g: SequenceGroup, hits: list[int], found: list[int], T: int) -> None:
+        """``g`` loads the ``len(found)`` blocks after its GPU hit from the tiers ``found``
+        names: it holds its hit blocks and fresh ones for the load, and waits for it
+        outside both queues (no batch slot, no token budget)."""
+        cache, tiers, B = self.cache, self.tiers, self.alloc.block_size
+        rid, prio, s, h = g.request.request_id, g.request.priority, g.seq_ids[0], len(hits)
+        g.after_load = False
+        cache.prefix_lookups += (T - 1) // B
+        if hits:
+            self._count_gpu_hits(g, h)
+        cache.start_load(s, hits, len(found), prio)
+        keys = list(block_identities(g.prefix, rid, h, h + len(found)))
+        parent = next(block_identities(g.prefix, rid, h - 1, h)) if h else None
+        done = tiers.start_load(keys, found, self.now, prio)
+        heapq.heappush(self.loading, (done, s, g, self.now, keys, parent))
+        if self.on_load is not None:
+            self.on_load(done)
+
+    def _count_gpu_hits(self, g: SequenceGroup, h: int) -> None:
+        """Tell the tiers which GPU cached blocks ``g`` hit (write-through-after-hits counts them)."""
+        if self.tiers.levels[0].write == "write-through-after-hits":
+            keys = list(block_identities(g.prefix, g.request.request_id, 0, h))
+            self.tiers.gpu_hits(keys, chain_parents(keys, None), g.request.priority)
+
+    def finish_loads(self, now: float) -> None:
+        """Loads that ended by ``now`` (s): their blocks are cached on the GPU and released, and
+        each request goes back to the front of the waiting queue (a GPU hit awaits it)."""
+        B = self.alloc.block_size
+        while self.loading and self.loading[0][0] <= now:
+            done, s, g, start, keys, parent = heapq.heappop(self.loading)
+            self.cache.finish_load(s, keys, parent, g.request.priority)
+            g.loaded_tokens += len(keys) * B
+            if g.first_token is None:
+                g.load_wait += done - start
+            g.after_load = True
+            self.waiting.appendleft(g)
 
     # --- preemption --------------------------------------------------------------------
     def _preempt(self, g: SequenceGroup, step: StepV1) -> None:
@@ -288,6 +366,8 @@ class SchedulerV1:
         decoding). Arrivals are the engine's business."""
         if step.prefill or not step.decode or step.preempted or self._prefilling:
             return 0
+        if self._writes_back:
+            return 0  # each step's GPU evictions are a batch of their own
         if self.waiting and not self._head_stays_blocked():
             return 0
         return self._lockstep_room(limit, scheduled=1)
@@ -295,7 +375,7 @@ class SchedulerV1:
     def continue_length(self, limit: int) -> int:
         """After a run's finishes were retired: more identical decode steps at once, only
         when nothing waits (a finish frees blocks the head might take)."""
-        if self.waiting or not self.running or self._prefilling:
+        if self.waiting or not self.running or self._prefilling or self._writes_back:
             return 0
         return self._lockstep_room(limit, scheduled=0)
 
@@ -309,10 +389,12 @@ class SchedulerV1:
         budget = lim.max_num_batched_tokens - running
         if running >= lim.max_num_seqs or budget <= 0:
             return True
+        free = self.alloc.num_free_blocks
+        if self.tiers is not None and free:
+            return False  # a store turning readable may start a load, which needs one free block
         g, cache, B = self.waiting[0], self.cache, self.alloc.block_size
         T = g.request.prompt_tokens + g.gen_base
         hits = cache.lookup(g.prefix, g.request.request_id, T) if cache is not None else []
-        free = self.alloc.num_free_blocks
         if lim.reserve_full_isl and blocks_for(T, B) - (cache.in_use(hits) if hits else 0) > free:
             return True
         cap = budget if not 0 < lim.long_prefill_token_threshold < budget else lim.long_prefill_token_threshold
@@ -341,8 +423,11 @@ class SchedulerV1:
             g.gen_base -= 1
         if step.decode:  # each sampled its last token when the previous step ended
             itl.add(end - self._last_step_end, len(step.decode))
+        stores = ([], [], []) if self.tiers is not None else None  # prompt blocks filled: keys, parents, priorities
         for g, n in zip(step.prefill, step.chunks):
-            if self.cache is not None:
+            if stores is not None:
+                self._filled_blocks(g, stores)
+            elif self.cache is not None:
                 self.cache.register_full(g.seq_ids[0])
             computed = prefilling[g] + n
             if computed < g.prompt_len:
@@ -357,9 +442,25 @@ class SchedulerV1:
                 itl.add(end - g.last_token)
             self._finishes.file(g)
         self._last_step_end = end
+        if stores is not None and stores[0]:
+            self.tiers.write_through(*stores, end)
         if run is not None:
             self._run_done(run, step.shape.decode_seqs, now)
         self._retire_due(now)
+
+    def _filled_blocks(self, g: SequenceGroup, stores: tuple[list, list, list]) -> None:
+        """Cache the blocks ``g``'s chunk filled, and note them for write-through stores."""
+        s, cache = g.seq_ids[0], self.cache
+        start = cache.named_blocks(s)
+        cache.register_full(s)
+        stop = cache.named_blocks(s)
+        if stop > start:
+            rid = g.request.request_id
+            keys = list(block_identities(g.prefix, rid, start, stop))
+            parent = next(block_identities(g.prefix, rid, start - 1, start)) if start else None
+            stores[0].extend(keys)
+            stores[1].extend(chain_parents(keys, parent))
+            stores[2].extend([g.request.priority] * len(keys))
 
     def complete_run(self, run: RunWeights, now: float) -> None:
         """A run that went on past a finish (no step of its own) ended at ``now``."""
@@ -372,8 +473,7 @@ class SchedulerV1:
         self._last_step_end = now
 
     def _retire_due(self, now: float) -> None:
-        for g in self._finishes.due_by(self.clock.ticks):
-            self._retire(g, now)
+        self._finishes.retire_due(self.clock.ticks, self._retire, now)
 
     def _retire(self, g: SequenceGroup, now: float) -> None:
         self.alloc.free(g.seq_ids.pop())

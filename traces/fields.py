@@ -204,7 +204,7 @@ def parse_hash_ids(raw: object, column: str) -> tuple[int, ...]:
 
 MAX_TOKEN_ID = 2**32 - 1
 """Largest token id accepted: vocabularies hold at most a few hundred thousand tokens, and ids
-are hashed as 32-bit integers (see ``simulator.decoding.prefix_contents``)."""
+are read as 32-bit integers (see ``simulator.decoding.token_block_contents``)."""
 
 
 def parse_token_ids(raw: object, column: str) -> tuple[int, ...]:

@@ -7,10 +7,21 @@ One conversation, turn by turn (token ids, drawn per conversation)::
     turn 3 prompt:  [system][user 1][answer 1][user 2][answer 2][user 3]
 
 so turn k+1's prompt starts with turn k's prompt and its answer: a prefix cache that kept
-turn k can serve all of it. The system prompt is one of ``system_prompts`` shared by every
-conversation (a chat service's fixed instructions), so conversations share it too. Every
-prompt carries its ``token_ids``, which is what both vLLM's block cache (chained block
-hashes) and SGLang's radix cache (token by token) match on.
+turn k can serve all of it.
+
+The three knobs of a conversation (:class:`MultiTurnSpec`; ranges drawn uniformly):
+
+* turns per conversation: ``turns`` (min, max);
+* growth per turn: turn k+1's prompt is turn k's prompt + its answer (``output_tokens``) +
+  a new user message (``user_tokens``), so the prompt grows by both every turn and the
+  k-th prompt holds ``system_prompt_tokens`` + k user messages + k - 1 answers;
+* think time between turns: exponential with mean ``think_time_s`` (0: none), after the
+  previous turn's assumed service time (below).
+
+The system prompt is one of ``system_prompts`` shared by every conversation (a chat
+service's fixed instructions), so conversations share it too. Every prompt carries its
+``token_ids``, which is what both vLLM's block cache (chained block hashes) and SGLang's
+radix cache (token by token) match on.
 
 What a cache can hit. Every turn carries its answer's ids (``output_token_ids``), the very
 ids the next prompt resends, and the engines name generated tokens by them

@@ -5,6 +5,10 @@ from __future__ import annotations
 import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # (the catalogue is plain data; named here only in annotations)
+    from kvsim.simulator.cost_model.catalogue import GPUSpec, ModelSpec
 
 
 @dataclass(slots=True)
@@ -45,6 +49,14 @@ class CostModel(ABC):
     The replica's model, GPU, tensor-parallel degree, block size and kernel kind
     are fixed at construction; a step's time depends only on its ``BatchShape``.
     """
+
+    def __init__(self, model: ModelSpec, gpu: GPUSpec, tensor_parallel: int = 1, block_size: int = 16,
+                 kernel: str = "paged"):
+        """The deployment every kind of cost model times, in one place (with its defaults):
+        ``model`` on ``tensor_parallel`` ``gpu``s, KV blocks of ``block_size`` tokens,
+        attention by the ``paged`` or ``contiguous`` kernel."""
+        self.model, self.gpu, self.tp = model, gpu, tensor_parallel
+        self.block_size, self.kernel = block_size, kernel
 
     @abstractmethod
     def step_time(self, shape: BatchShape) -> float:

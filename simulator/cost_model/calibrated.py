@@ -71,9 +71,8 @@ class CalibratedCostModel(CostModel):
         swap_batched: bool = False,
         params: RooflineParams | None = None,
     ):
-        self.profile, self.model, self.gpu, self.tp = profile, model, gpu, tensor_parallel
-        self.block_size = block_size
-        self.kernel = kernel
+        super().__init__(model, gpu, tensor_parallel, block_size, kernel)
+        self.profile = profile
         self.params = p = params or RooflineParams()
         self.pcie = pcie  # unused: the host link is measured (kept for the roofline's signature)
         m, tp = model, tensor_parallel

@@ -240,9 +240,9 @@ class _Reader(YamlReader):
         x = self.ints(self.get(d, axis, key), f"{key}.{axis}", minimum=1)
         return Table1D(x, self.times(self.get(d, "time_us", key), f"{key}.time_us", len(x)))
 
-    def tables(self, d: Any, key: str, axis: str) -> dict[str, Table1D]:
+    def tables(self, d: Any, key: str, axis: str, allow_empty: bool = False) -> dict[str, Table1D]:
         d = self.mapping(d, key)
-        if not d:
+        if not d and not allow_empty:
             raise self.fail(key, "expected at least one operator")
         return {str(name): self.table(v, f"{key}.{name}", axis) for name, v in d.items()}
 
@@ -287,7 +287,9 @@ class _Reader(YamlReader):
                     raise self.fail(f"{key}.dense.{name}", "missing (named in operators)")
             tp[degree] = TPTables(
                 dense,
-                self.tables(self.get(t, "per_sequence", key), f"{key}.per_sequence", "sequences"),
+                # may be empty: Vidur's profiles time no LM head or sampler
+                self.tables(self.get(t, "per_sequence", key), f"{key}.per_sequence", "sequences",
+                            allow_empty=True),
                 self.attention(self.get(t, "attention", key), f"{key}.attention"),
             )
         if 1 not in tp:

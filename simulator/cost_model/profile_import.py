@@ -1,5 +1,9 @@
 """``kvsim calibrate --import DIR``: a public operator-profile bundle -> a kvsim operator profile.
 
+Two formats, detected from the folder's files (or ``--format``): this module reads
+LLMServingSim's bundle; ``simulator.cost_model.vidur_import`` reads Vidur's ``data/profiling``
+CSVs (``mlp.csv`` + ``attention.csv``).
+
 The bundle format is LLMServingSim's profiler output (casys-kaist/LLMServingSim,
 ``docs/docs/profiler/output-bundle.md``; a copy is in
 ``shared/validation/vllm-0.19-rtx4090-llama-3.1-8b/profile/FORMAT-upstream.md``)::
@@ -53,6 +57,7 @@ from kvsim.simulator.cost_model.operator_profile import (
     TPTables,
     write_operator_profile,
 )
+from kvsim.simulator.cost_model.vidur_import import VidurFormatError, import_vidur, is_vidur_folder
 
 # Dense operators per decoder layer, per step, and those tensor parallelism does not shard
 # (upstream's ``tp_stable``: norms and the sampler are replicated on every GPU).
@@ -264,15 +269,26 @@ def import_bundle(bundle: str | Path, out_dir: str | Path = PROFILES_DIR, name: 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="kvsim calibrate --import",
-                                description="Import a public operator-profile bundle (LLMServingSim format).")
+                                description="Import a public operator profile: an LLMServingSim bundle "
+                                "(meta.yaml + tp<N>/) or a Vidur model folder (mlp.csv + attention.csv).")
     p.add_argument("--import", dest="bundle", required=True, metavar="DIR",
-                   help="bundle folder (holding meta.yaml and tp<N>/)")
+                   help="bundle folder (meta.yaml and tp<N>/) or Vidur's compute/<gpu>/<org>/<model>/ folder")
+    p.add_argument("--format", choices=("auto", "bundle", "vidur"), default="auto",
+                   help="the folder's format (default: detected from its files)")
     p.add_argument("--name", help="profile name (default: <hardware>-<model>, e.g. rtx4090-llama-3.1-8b)")
+    p.add_argument("--gpu", help="Vidur format: GPU label when the path does not name it (e.g. a100)")
+    p.add_argument("--model", help="Vidur format: model name when the path does not name it (org/name)")
     p.add_argument("--out", default=str(PROFILES_DIR), help="output folder (default: gpu_validation/profiles)")
     args = p.parse_args(argv)
+    fmt = args.format
+    if fmt == "auto":
+        fmt = "vidur" if is_vidur_folder(args.bundle) else "bundle"
     try:
-        path = import_bundle(args.bundle, args.out, args.name)
-    except BundleError as e:
+        if fmt == "vidur":
+            path = import_vidur(args.bundle, args.out, args.name, args.gpu, args.model)
+        else:
+            path = import_bundle(args.bundle, args.out, args.name)
+    except (BundleError, VidurFormatError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"profile: {path}")

@@ -129,6 +129,10 @@ The attention tables were measured with the engine's paged kernel at the profile
 size (provenance ``measurement``); other block sizes and the contiguous allocator use the
 same tables (no block-size effect is modelled here, unlike ``roofline`` and ``calibrated``).
 
+A profile that measured no mixed step (Vidur's, ``vidur_import``) times one as its chunk's
+attention plus its decodes' (two kernels, as Vidur composes them); one without per-sequence
+tables (Vidur's: no LM head, no sampler) adds nothing for them.
+
 Not in a kernel profile, so taken from the roofline (catalogue GPU): swap over the host
 link and copy-on-write block copies. ``step_overhead_s`` defaults to 0: the profile times
 the GPU's work, and vLLM overlaps its CPU-side scheduling with it (async scheduling).
@@ -335,6 +339,8 @@ class _Attention:
     def _chunk(self, chunk: float, prefix: float, n: float, kd: float) -> float:
         if chunk <= 0:
             return self._row(0, 0.0, n, kd)
+        if n and not self.chunks[True]:  # no mixed point measured (Vidur): two kernels, added
+            return self._chunk(chunk, prefix, 0, 0.0) + self._row(0, 0.0, n, kd)
         idx = self.chunks[bool(n)]
         a, b, w, side = bracket([self.pcs[i] for i in idx], chunk)
         if side:
@@ -381,8 +387,8 @@ class ProfiledCostModel(CostModel):
         check_model: bool = True,
         chunk_tile: float | None = None,
     ):
-        self.profile, self.model, self.gpu, self.tp = profile, model, gpu, tensor_parallel
-        self.block_size, self.kernel = block_size, kernel
+        super().__init__(model, gpu, tensor_parallel, block_size, kernel)
+        self.profile = profile
         self.step_overhead_s = step_overhead_s
         if check_model:
             check_profile_model(profile, model)
@@ -447,7 +453,7 @@ class ProfiledCostModel(CostModel):
 
     def per_sequence_time(self, sequences: int) -> float:
         """LM head and sampler over the sampled sequences."""
-        if sequences <= 0:
+        if sequences <= 0 or not self._per_seq[0]:  # a profile without these tables (Vidur's)
             return 0.0
         return self._lookup(self._per_seq, self._seq_cache, "sequences", sequences)
 

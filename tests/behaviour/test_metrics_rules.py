@@ -40,10 +40,10 @@ from kvsim.simulator.step_log import STEP_COLUMNS, StepTotals
 
 NAN = float("nan")
 REQUESTS = [  # in REQUEST_COLUMNS order
-    (0, 0, "finished", None, 10.0, 8, 2, 1, 2, 2, 0, 10.0, 10.5, 10.75, 1, 3, 4, 4),
-    (1, 0, "finished", None, 10.25, 4, 1, 1, 1, 1, 0, 10.25, 10.5, 10.5, 0, 0, 0, 0),
+    (0, 0, "finished", None, 10.0, 8, 2, 1, 2, 2, 0, 10.0, 10.5, 10.75, 1, 3, 4, 4, 0, 0.0),
+    (1, 0, "finished", None, 10.25, 4, 1, 1, 1, 1, 0, 10.25, 10.5, 10.5, 0, 0, 0, 0, 0, 0.0),
     (2, 0, "aborted", "swap space exhausted", 10.5, 6, 9, 1, 0, 9, 0, 10.5, NAN, 10.625,
-     2, 5, 6, 0),
+     2, 5, 6, 0, 0, 0.0),
 ]
 DURATION = 0.75
 
@@ -259,7 +259,7 @@ def test_the_request_log_sorts_by_id_and_keeps_integers_exact():
 def test_the_request_log_holds_a_number_in_8_bytes():
     """A million-request run keeps a million rows: the log stores each number as a machine
     value in a column (8 bytes), not as a Python object (28 bytes for an int, 24 for a float,
-    plus an 8-byte pointer). 8192 rows of 16 numbers and 2 texts, measured with tracemalloc:
+    plus an 8-byte pointer). 8192 rows of 18 numbers and 2 texts, measured with tracemalloc:
     about 8 bytes a value (arrays over-allocate by an eighth); objects would take over 30."""
     rows = 8192
     tracemalloc.start()
@@ -270,7 +270,7 @@ def test_the_request_log_holds_a_number_in_8_bytes():
             big = 1000 + i  # beyond the small ints Python shares
             t = 0.5 * i + 0.1
             log.append((big, big, "finished", None, t, big, big, big, big, big, big, t, t, t,
-                        big, big, big, big))
+                        big, big, big, big, big, t))
         held = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()

@@ -20,9 +20,9 @@ from kvsim.simulator.step_log import StepTotals
 
 NAN = float("nan")
 ROWS = [  # in REQUEST_COLUMNS order
-    (0, 0, "finished", None, 10.0, 8, 4, 1, 4, 4, 0, 10.0, 11.0, 14.0, 0, 0, 0, 0),
-    (1, 0, "finished", None, 12.0, 2, 2, 2, 2, 4, 0, 12.0, 12.5, 13.0, 0, 0, 0, 0),
-    (2, 0, "rejected", "too long", 13.0, 9000, 2, 1, 0, 2, 0, NAN, NAN, 13.0, 0, 0, 0, 0),
+    (0, 0, "finished", None, 10.0, 8, 4, 1, 4, 4, 0, 10.0, 11.0, 14.0, 0, 0, 0, 0, 0, 0.0),
+    (1, 0, "finished", None, 12.0, 2, 2, 2, 2, 4, 0, 12.0, 12.5, 13.0, 0, 0, 0, 0, 0, 0.0),
+    (2, 0, "rejected", "too long", 13.0, 9000, 2, 1, 0, 2, 0, NAN, NAN, 13.0, 0, 0, 0, 0, 0, 0.0),
 ]
 
 

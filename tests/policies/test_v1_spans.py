@@ -109,11 +109,11 @@ def test_lookup_in_strides_is_the_plain_lookup(named, tokens, holes):
 
 
 def test_never_used_blocks_stay_a_range_until_one_is_taken_from_the_middle():
-    q = FreeBlockQueue(range(10**6))  # an unbounded cache: no dict entry per block
-    assert len(q) == 10**6 and len(q._order) == 0 and 5 in q
+    q = FreeBlockQueue(range(10**6))  # an unbounded cache: no buffer entry per block
+    assert len(q) == 10**6 and q._tail == 0 and 5 in q
     assert q.popleft_many(3) == [0, 1, 2] and q.popleft() == 3
     q.extend([1, 0])  # freed blocks queue behind every never-used one
-    assert len(q._order) == 2 and list(q)[:2] == [4, 5] and list(q)[-2:] == [1, 0]
+    assert q._tail == 2 and list(q)[:2] == [4, 5] and list(q)[-2:] == [1, 0]
     with pytest.raises(ValueError, match="block 7 is already in the free queue"):
         q.extend([2, 7])
     with pytest.raises(ValueError, match="block 9 is already in the free queue"):
@@ -121,7 +121,7 @@ def test_never_used_blocks_stay_a_range_until_one_is_taken_from_the_middle():
     small = FreeBlockQueue(range(6))
     small.popleft()
     small.append(0)
-    small.remove_many([3])  # out of the middle of the never-used blocks: they spill into the dict
+    small.remove_many([3])  # out of the middle of the never-used blocks: they spill into the buffer
     assert list(small) == [1, 2, 4, 5, 0] and len(small) == 5
     small.remove(1)
     assert small.popleft_many(4) == [2, 4, 5, 0] and not small

@@ -11,7 +11,9 @@ swapped counts (exact) and its scheduled / first-token / finish times (1e-9 rela
 the step totals (iterations, busy time, every counter, recompute time, allocated and
 unshared slot-seconds); each memory class and the batch size over the measurement
 window; the inter-token-latency gaps (count and sum); copy-on-write, prefix-cache and
-eviction counters per replica.
+eviction counters per replica. With cache tiers (``allocator.tiers``): each request's
+loaded tokens (exact) and load wait (1e-9 relative), and every tier's counters
+(``TIER_COUNTERS``: blocks exact, bytes and link seconds 1e-9 relative).
 """
 
 from __future__ import annotations
@@ -22,8 +24,13 @@ from pathlib import Path
 from kvsim.simulator.config import ExperimentConfig
 from kvsim.simulator.engine import Simulation, SimulationStalled
 from kvsim.simulator.memory_classes import CLASSES
-from kvsim.simulator.reference import COUNTERS, ReferenceStalled, simulate
-from kvsim.simulator.runner import make_allocator_factory, make_cost_factory, scheduler_settings
+from kvsim.simulator.reference import COUNTERS, TIER_COUNTERS, ReferenceStalled, simulate
+from kvsim.simulator.runner import (
+    make_allocator_factory,
+    make_cost_factory,
+    make_tier_factory,
+    scheduler_settings,
+)
 from kvsim.traces import Request
 
 EXACT_COLUMNS = (
@@ -36,8 +43,9 @@ EXACT_COLUMNS = (
     "recomputed_tokens",
     "swapped_out_blocks",
     "swapped_in_blocks",
+    "loaded_tokens",
 )
-TIME_COLUMNS = ("scheduled_s", "first_token_s", "finish_s")
+TIME_COLUMNS = ("scheduled_s", "first_token_s", "finish_s", "load_wait_s")
 RTOL = 1e-9
 
 
@@ -63,6 +71,7 @@ def run_fast(cfg: ExperimentConfig, requests: list[Request]) -> Simulation:
         overlap_swap=cfg.preemption.overlap_swap,
         keep_steps=cfg.metrics.step_table,
         window=cfg.metrics.measurement_window,
+        make_tiers=make_tier_factory(cfg),  # None: no cache tiers
     )
     sim.run()
     return sim
@@ -149,6 +158,21 @@ def differences(config: dict | ExperimentConfig, requests: list[Request]) -> lis
             x, y = getattr(fa, name, 0), getattr(ra, name, 0)
             if x != y:
                 out.append(f"replica {i} {name}: fast {x} reference {y}")
+    if getattr(cfg.allocator, "tiers", None):
+        out += tier_differences(fast.tier_stats(), ref.tier_stats)
+    return out
+
+
+def tier_differences(fast: dict, ref: dict) -> list[str]:
+    """Per tier, the counters the engines disagree on (blocks exact, bytes and seconds 1e-9)."""
+    if sorted(fast) != sorted(ref):
+        return [f"tiers: fast {sorted(fast)} reference {sorted(ref)}"]
+    out = []
+    for name in ref:
+        for c in TIER_COUNTERS:
+            x, y = fast[name][c], ref[name][c]
+            if not close(float(x), float(y)):
+                out.append(f"tier {name} {c}: fast {x!r} reference {y!r}")
     return out
 
 

@@ -23,6 +23,7 @@ REFERENCE = (
     "simulator/reference_sglang.py",
     "policies/reference_radix.py",
     "policies/reference_eviction.py",
+    "policies/reference_tier.py",
 )
 #: The fast path's machinery: clocks, buckets, lazy tables, closed forms, folded logs.
 FAST = (
@@ -46,6 +47,8 @@ FAST = (
     "kvsim.policies.v1_prefix_cache",
     "kvsim.policies.eviction_order",
     "kvsim.policies.free_block_queue",
+    "kvsim.policies.cache_tier",
+    "kvsim.simulator.cache_tiers",
 )
 
 

@@ -3,7 +3,13 @@
 import numpy as np
 import pytest
 
-from kvsim.simulator.decoding import beam_parent_counts, prefix_contents, sample_targets
+from kvsim.simulator.decoding import (
+    HASH_POSITIONS,
+    beam_parent_counts,
+    hash_block_contents,
+    prefix_contents,
+    sample_targets,
+)
 from kvsim.traces import Request
 
 
@@ -32,8 +38,27 @@ def test_sample_lengths_same_or_independent_with_the_request_mean():
 def test_hash_ids_map_onto_blocks_that_divide_them():
     r = Request(0, 0.0, prompt_tokens=1100, output_tokens=5, hash_ids=(7, 8, 9))  # 512-token blocks
     blocks = prefix_contents(r, 256)
-    assert blocks == [("h", 7, 0), ("h", 7, 1), ("h", 8, 0), ("h", 8, 1)]  # 1100 // 256 full blocks
+    # 1100 // 256 full blocks: (hash id, position in its 512-token block) as one int
+    assert list(blocks) == [7 * HASH_POSITIONS, 7 * HASH_POSITIONS + 1, 8 * HASH_POSITIONS, 8 * HASH_POSITIONS + 1]
+    assert prefix_contents(r, 16)[32] == 8 * HASH_POSITIONS  # block 32 of 16 starts hash id 8
     assert len(prefix_contents(r, 16)) == 1100 // 16
     shared = Request(1, 0.0, prompt_tokens=100, output_tokens=5, prefix_id="few-shot", prefix_tokens=80)
     assert prefix_contents(shared, 16) == [("p", "few-shot", j) for j in range(5)]
     assert prefix_contents(Request(2, 0.0, 100, 5), 16) == []
+
+
+def test_hash_block_contents_are_the_same_through_numpy_and_python_ints():
+    """Hash ids too large for numpy's int64 spread take Python's ints: the same formula."""
+    big = 1 << 50
+    got = hash_block_contents((big, 3), 64, 16, 120)  # 120 tokens: 7 full blocks of 16
+    assert got == [big * HASH_POSITIONS + j for j in range(4)] + [3 * HASH_POSITIONS + j for j in range(3)]
+    assert list(hash_block_contents((5, 3), 64, 16, 120)) == [5 * HASH_POSITIONS + j for j in range(4)] + [
+        3 * HASH_POSITIONS + j for j in range(3)]
+    assert hash_block_contents((5,), 64, 16, 10) == []
+
+
+def test_hash_blocks_must_hold_whole_blocks_and_not_too_many():
+    with pytest.raises(ValueError, match="block size 48 does not divide the trace's hash block of 512"):
+        hash_block_contents((1,), 512, 48, 512)
+    with pytest.raises(ValueError, match="at most 1048575 are allowed"):
+        hash_block_contents((1,), HASH_POSITIONS, 1, 10)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 import pytest
@@ -134,3 +135,35 @@ def test_bad_section_names_the_key(tmp_path, extra, message):
 def test_multi_turn_is_its_own_source(other):
     with pytest.raises(ValidationError, match="a multi_turn workload makes its own requests"):
         config(f"{{multi_turn: {{conversations: 5, conversation_rate: 1.0}}, {other}}}")
+
+
+# --- the three knobs: turns, growth per turn, think time ---------------------------------------
+
+
+def test_growth_per_turn_is_the_answer_plus_the_user_message():
+    """With fixed lengths, the k-th prompt is the system prompt + k user messages + k - 1
+    answers, and its tail beyond the previous prompt is exactly that turn's answer ids then
+    a new message."""
+    spec = MultiTurnSpec(conversations=5, conversation_rate=1.0, turns=(4, 4), system_prompt_tokens=10,
+                         user_tokens=(7, 7), output_tokens=(5, 5), think_time_s=0.0)
+    for conv in conversations(generate_multi_turn(spec, seed=4)):
+        assert [r.prompt_tokens for r in conv] == [10 + 7 * k + 5 * (k - 1) for k in range(1, 5)]
+        for a, b in zip(conv, conv[1:]):
+            assert b.token_ids[a.prompt_tokens: a.prompt_tokens + 5] == a.output_token_ids
+
+
+def test_think_time_is_exponential_after_the_assumed_service_time():
+    """think_time_s = 0: each turn follows the previous one by exactly output x assumed_tpot_s;
+    otherwise the extra gap averages think_time_s (exponential: its sd equals its mean)."""
+    base = dict(conversations=300, conversation_rate=1.0, turns=(2, 2), user_tokens=(1, 1),
+                output_tokens=(10, 10), assumed_tpot_s=0.5)
+    for think, mean in ((0.0, 0.0), (4.0, 4.0)):
+        gaps = [b.arrival_time - a.arrival_time - 10 * 0.5
+                for a, b in conversations(generate_multi_turn(MultiTurnSpec(**base, think_time_s=think),
+                                                              seed=6))]
+        assert len(gaps) == 300 and min(gaps) >= -1e-9
+        if mean == 0.0:
+            assert max(gaps) == pytest.approx(0.0, abs=1e-9)
+        else:
+            assert sum(gaps) / len(gaps) == pytest.approx(mean, rel=0.15)
+            assert statistics.pstdev(gaps) == pytest.approx(mean, rel=0.2)

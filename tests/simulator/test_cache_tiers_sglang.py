@@ -1,0 +1,215 @@
+"""Cache tiers under ``scheduler.policy: sglang`` (SGLang's HiCache host tier and below):
+pages named by their chained content, each write policy and a load worked out by hand
+through the scheduler, the books under random workloads (hypothesis: radix cache and tiers
+checked after every step), and a run from a config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvsim.policies.cache_tier import CacheTier
+from kvsim.policies.radix_cache import PageChain, RadixCacheAllocator, request_tokens
+from kvsim.simulator.cache_tiers import Level, TierLink, TierStack
+from kvsim.simulator.config import load_config
+from kvsim.simulator.runner import run_experiment
+from kvsim.simulator.scheduler_sglang import SchedulerSGLang, SGLangSettings
+from kvsim.traces import Request
+
+P = 4  # tokens per page
+
+
+def stack(*levels: tuple[int, str, int, str]) -> TierStack:
+    """Tiers of (capacity pages, write policy, after-hits N, eviction); links of 1000 B/s and
+    1 s per transfer, pages of 1000 bytes: k pages take 1 + k seconds."""
+    return TierStack([Level(CacheTier(f"t{i}", cap, ev), TierLink(1000.0, 1.0), write, n)
+                      for i, (cap, write, n, ev) in enumerate(levels)], P, 1000.0)
+
+
+def sglang(capacity: int, tiers: TierStack, **knobs) -> tuple[SchedulerSGLang, list]:
+    ended: list = []
+    alloc = RadixCacheAllocator(capacity, P, knobs.pop("eviction", "lru"))
+    settings_ = SGLangSettings(max_seq_len=1024, watermark=0, max_num_batched_tokens=256, **knobs)
+    return SchedulerSGLang(alloc, settings_, ended.append, tiers), ended
+
+
+def run_steps(s: SchedulerSGLang, pending: list[Request], steps: int = 600) -> None:
+    """One step per second; loads end when their time has come; books checked every step."""
+    for t in range(steps):
+        s.finish_loads(float(t))
+        for r in [r for r in pending if r.arrival_time <= t]:
+            s.add(r, float(t))
+            pending.remove(r)
+        x = s.schedule(float(t))
+        if not x.empty:
+            s.complete(x, float(t + 1))
+        s.alloc.check()
+        for level in s.tiers.levels:
+            level.tier.check()
+        if not pending and not s.has_work:
+            return
+    raise AssertionError("the requests did not all end")
+
+
+# --- page names ---------------------------------------------------------------------------------
+def test_pages_share_a_name_exactly_when_their_tokens_agree_up_to_the_page_end():
+    chain = PageChain(2)
+    a = chain.extend((1, 2, 3, 4, 5, 6), [], 3)
+    b = chain.extend((1, 2, 3, 4, 9, 9, 5, 6), [], 4)
+    c = chain.extend((7, 7, 3, 4), [], 2)
+    assert a[:2] == b[:2] and a[2] != b[2] and b[3] != a[2]  # (5, 6) after another page: another name
+    assert c[1] != a[1]  # the same tokens (3, 4) under another first page
+    assert chain.extend((1, 2, 3, 4, 5, 6), a[:1], 3) == a  # grown from a known prefix: the same
+
+
+# --- loads and stores through the scheduler -------------------------------------------------------
+def three_requests() -> list[Request]:
+    """Request 0 computes prefix p0 (16 tokens: 4 pages); request 1 (prefix p1) needs the
+    whole 20-slot cache, so the tree evicts p0; request 2 (prefix p0, 13 tokens: a match is
+    capped at 12, 3 pages) arrives at 10 and finds p0 only in the tier."""
+    return [Request(0, 0.0, 17, 1, prefix_id="p0", prefix_tokens=16),
+            Request(1, 5.0, 17, 1, prefix_id="p1", prefix_tokens=16),
+            Request(2, 10.0, 13, 1, prefix_id="p0", prefix_tokens=12)]
+
+
+def test_write_through_the_third_request_loads_its_prefix_from_the_tier():
+    """p0's 4 pages are written through at 1 (ready at 6), p1's at 6 (the link is busy until
+    11). Request 2 loads 3 pages, queued behind p1's store: from 11 to 15 (1 + 3 s). At 15
+    its pages join the tree; it is admitted with a 12-token hit that counts no lookup again."""
+    tiers = stack((100, "write-through", 0, "lru"))
+    s, ended = sglang(20, tiers)
+    run_steps(s, three_requests())
+    g = {g.request.request_id: g for g in ended}[2]
+    assert (g.loaded_tokens, g.load_wait, g.first_scheduled, g.cached_tokens) == (12, 5.0, 15.0, 12)
+    t0 = tiers.stats()["t0"]
+    assert (t0["hit_blocks"], t0["stored_blocks"], t0["evictions"]) == (3, 8, 0)
+    assert t0["load_bytes"] == 3000 and t0["store_bytes"] == 8000 and t0["link_busy_s"] == 5 + 5 + 4
+    assert s.alloc.prefix_lookups == 17 + 17 + 13 and s.alloc.prefix_hits == 0  # loaded: not radix hits
+    assert s.alloc.evictions == 16 + 16  # p0 for request 1, p1 for request 2's load
+
+
+def test_write_through_names_each_page_with_its_chain_parent():
+    """Request 1 hits request 0's 4 pages of p0 and computes 2 more pages of the prefix: the
+    tier stores those with the page before each as its parent (the hit's last page for the
+    first), so leaf-only eviction sees one chain."""
+    tiers = stack((100, "write-through", 0, "lru"))
+    s, ended = sglang(200, tiers)
+    reqs = [Request(0, 0.0, 17, 1, prefix_id="p0", prefix_tokens=16),
+            Request(1, 3.0, 25, 1, prefix_id="p0", prefix_tokens=24)]
+    run_steps(s, list(reqs))
+    keys = s.alloc.pages.extend(request_tokens(reqs[1], 1), [], 6)
+    meta = tiers.levels[0].tier.meta
+    assert [meta[k][0] for k in keys] == [None, *keys[:5]]
+    assert len(meta) == 6 and ended[1].cached_tokens == 16
+
+
+def test_write_back_stores_what_the_tree_evicts_after_the_loads_of_that_scheduling():
+    """p0 is evicted (and written back: 1 + 4 s) when request 1 is admitted at 5, so it is
+    ready at 10; request 2's load at 10 evicts p1, whose store goes out after the load: the
+    load runs 10 to 14, the store 14 to 19."""
+    tiers = stack((100, "write-back", 0, "lru"))
+    s, ended = sglang(20, tiers)
+    run_steps(s, three_requests())
+    g = {g.request.request_id: g for g in ended}[2]
+    assert (g.loaded_tokens, g.load_wait, g.first_scheduled) == (12, 4.0, 14.0)
+    t0 = tiers.stats()["t0"]
+    assert (t0["hit_blocks"], t0["stored_blocks"]) == (3, 8)
+    assert tiers.levels[0].link.free_at == 19.0
+    # the evicted pages keep their chain: p1's first page has no parent, each next the one before
+    p1 = [k for k, (parent, _) in tiers.levels[0].tier.meta.items() if parent is None]
+    assert len(p1) == 2  # the first pages of p0 and of p1
+
+
+def test_a_full_tier_evicts_and_the_prefix_is_computed_again():
+    """A tier of 4 pages: storing p1's pages evicts p0's (lru), so request 2 finds nothing
+    below the tree and computes its prompt; its 3 pages are written through in turn, evicting
+    3 of p1's."""
+    tiers = stack((4, "write-through", 0, "lru"))
+    s, ended = sglang(20, tiers)
+    run_steps(s, three_requests())
+    g = {g.request.request_id: g for g in ended}[2]
+    assert (g.loaded_tokens, g.load_wait, g.cached_tokens, g.first_scheduled) == (0, 0.0, 0, 10.0)
+    t0 = tiers.stats()["t0"]
+    assert (t0["stored_blocks"], t0["evictions"], t0["hit_blocks"]) == (4 + 4 + 3, 4 + 3, 0)
+
+
+def test_write_through_after_hits_stores_a_page_at_its_nth_hit():
+    """Requests 0 and 1 share p0 (16 tokens); request 1's admission hits its 4 pages once
+    (N = 1): they go to the tier in that scheduling's batch; request 0's prompt, never hit,
+    does not."""
+    tiers = stack((100, "write-through-after-hits", 1, "lru"))
+    s, ended = sglang(200, tiers)
+    run_steps(s, [Request(0, 0.0, 17, 1, prefix_id="p0", prefix_tokens=16),
+                  Request(1, 3.0, 21, 1, prefix_id="p0", prefix_tokens=16)])
+    t0 = tiers.stats()["t0"]
+    assert t0["stored_blocks"] == 4 and t0["link_busy_s"] == 5.0
+    assert sorted(t0 for t0 in tiers.levels[0].tier.ready_s.values()) == [8.0] * 4  # sent at 3
+
+
+def test_a_load_that_finds_no_room_stops_admission():
+    """The tier holds p0 (ready at 6), but request 1 (admitted at 7, evicting p0 from the
+    tree) locks p1 and holds a private page until it finishes at 10: at 8 and 9 the load's 12
+    slots are more than the 4 available, so request 2 is blocked. At 10 it loads, behind p1's
+    store on the link (8 to 13): from 13 to 17."""
+    tiers = stack((100, "write-through", 0, "lru"))
+    s, ended = sglang(24, tiers)
+    reqs = [Request(0, 0.0, 17, 1, prefix_id="p0", prefix_tokens=16),
+            Request(1, 7.0, 17, 3, prefix_id="p1", prefix_tokens=16),  # holds 20 slots until 10
+            Request(2, 8.0, 13, 1, prefix_id="p0", prefix_tokens=12)]
+    run_steps(s, reqs)
+    g = {g.request.request_id: g for g in ended}[2]
+    assert (g.loaded_tokens, g.load_wait, g.first_scheduled, g.cached_tokens) == (12, 7.0, 17.0, 12)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(write=st.sampled_from(["write-through", "write-through-after-hits", "write-back"]),
+       policy=st.sampled_from(["lru", "lfu", "fifo", "arc", "priority"]),
+       queue=st.sampled_from(["lpm", "fcfs", "dfs-weight"]),
+       capacity=st.integers(48, 120), cpu=st.integers(0, 12),
+       reqs=st.lists(st.tuples(st.integers(0, 3), st.integers(1, 30), st.integers(1, 12), st.integers(0, 2),
+                               st.integers(0, 30)), min_size=1, max_size=12))
+def test_books_balance_after_every_step_with_tiers(write, policy, queue, capacity, cpu, reqs):
+    """Every request ends; after every step the radix cache's books (locks, sizes, slots) and
+    each tier's (size within capacity, eviction order and child counts exact) balance."""
+    tiers = stack((cpu, write, 1, policy), (cpu // 2, "write-back", 0, "lru"))
+    s, ended = sglang(capacity, tiers, eviction=policy, schedule_policy=queue, chunked_prefill_size=16)
+    pending = [Request(i, float(t), 16 + own, out, prefix_id=f"p{p}", prefix_tokens=16, priority=prio)
+               for i, (p, own, out, prio, t) in enumerate(reqs)]
+    n = len(pending)
+    run_steps(s, pending)
+    assert not pending and not s.has_work and not s.alloc.held and len(ended) == n
+
+
+# --- from a config ------------------------------------------------------------------------------
+CONFIG = """
+name: tiers-sglang
+seed: 1
+model: {{name: llama-3-8b}}
+hardware: {{gpu: h100-sxm, kv_cache_gib: 0.5}}
+workload:
+  multi_turn:
+    conversations: 30
+    conversation_rate: 4.0
+    turns: {{min: 2, max: 4}}
+    system_prompt_tokens: 300
+    user_tokens: {{min: 20, max: 100}}
+    output_tokens: {{min: 20, max: 100}}
+    think_time_s: 2.0
+allocator:
+  kind: paged
+  block_size: 16
+  tiers: {tiers}
+scheduler: {{policy: sglang, max_num_seqs: 64}}
+metrics: {{step_table: false}}
+"""
+
+
+def test_a_cpu_tier_under_sglang_loads_from_a_config(tmp_path: Path):
+    p = tmp_path / "c.yaml"
+    p.write_text(CONFIG.format(tiers="[{name: cpu, capacity_gib: 2}]"))
+    run = run_experiment(*load_config(p))
+    assert run.summary["tier_cpu_hit_blocks"] > 0 and run.summary["mean_ttft_load_ms"] > 0
+    assert run.summary["tier_cpu_loaded_tokens"] == run.requests["loaded_tokens"].sum()
+    assert (run.requests["status"] == "finished").all()
