@@ -58,8 +58,17 @@ def _int32s(size: int, fill: int) -> tuple[array, np.ndarray]:
     return store, np.frombuffer(store, dtype=np.int32) if size else np.zeros(0, dtype=np.int32)
 
 
-def _as_list(blocks: Iterable[int]) -> list[int] | tuple[int, ...]:
+def _as_list(blocks: Iterable[int]) -> list[int] | tuple[int, ...] | np.ndarray:
+    """``blocks`` as a sequence: lists, tuples and large numpy arrays (a pool's whole-table
+    release) as they are, a few blocks of an array as a list (for the scalar paths)."""
+    if isinstance(blocks, np.ndarray):
+        return blocks.tolist() if len(blocks) <= SCALAR_BATCH else blocks
     return blocks if isinstance(blocks, (list, tuple)) else list(blocks)
+
+
+def _plain_ints(blocks: Iterable[int]) -> Iterable[int]:
+    """Python ints for a block-at-a-time loop (a pool passes a whole table as a numpy array)."""
+    return blocks.tolist() if isinstance(blocks, np.ndarray) else blocks
 
 
 class FreeBlockQueue:
@@ -150,7 +159,7 @@ class FreeBlockQueue:
         """Put freed blocks at the tail, in the given order: a few numpy calls for a whole
         table's worth (a request's release is one event, not a call per block)."""
         blocks = _as_list(blocks)
-        if not blocks:
+        if not len(blocks):
             return
         if len(blocks) <= SCALAR_BATCH and self._extend_scalar(blocks):
             return
@@ -261,11 +270,10 @@ class FreeBlockQueue:
         self._pos[both] = np.arange(len(both), dtype=np.int32)
         self._tail = len(both)
 
-    def _any_fresh(self, blocks: list[int] | tuple[int, ...]) -> bool:
-        """Whether any of ``blocks`` is still never used (at C speed: a block taken lies
-        below the never-used range)."""
+    def _any_fresh(self, idx: np.ndarray) -> bool:
+        """Whether any of the blocks ``idx`` is still never used (at C speed)."""
         fresh = self._fresh
-        return bool(fresh and blocks and max(blocks) >= fresh.start and any(map(fresh.__contains__, blocks)))
+        return bool(fresh) and bool(((idx >= fresh.start) & (idx < fresh.stop)).any())
 
     def remove(self, block: int) -> None:
         """Take a block out of the middle (a prefix-cache hit on a free block)."""
@@ -275,7 +283,7 @@ class FreeBlockQueue:
         """Take several blocks out of the middle (the free blocks of one prefix hit): their
         entries become dead (all or none)."""
         blocks = _as_list(blocks)
-        if not blocks:
+        if not len(blocks):
             return
         if len(blocks) <= SCALAR_BATCH and not self._fresh:
             self._remove_scalar(blocks)
@@ -296,7 +304,7 @@ class FreeBlockQueue:
                 pos[idx] = marks
                 twice = next(b for i, b in enumerate(blocks) if b in blocks[:i])
                 raise ValueError(f"block {twice} is not in the free queue (taken out twice)")
-        if self._any_fresh(blocks):
+        if self._any_fresh(idx):
             self._spill()
         pos[idx] = NOT_QUEUED
         self._len -= len(blocks)
@@ -371,7 +379,7 @@ class UncachedFirstQueue:
             self.order.offer(key)
 
     def extend(self, blocks: Iterable[int]) -> None:
-        for b in blocks:
+        for b in _plain_ints(blocks):
             self.append(b)
 
     def popleft(self) -> int:
@@ -405,5 +413,5 @@ class UncachedFirstQueue:
         self.order.withdraw(key)
 
     def remove_many(self, blocks: Iterable[int]) -> None:
-        for b in blocks:
+        for b in _plain_ints(blocks):
             self.remove(b)

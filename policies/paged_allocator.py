@@ -100,7 +100,7 @@ class PagedAllocator(KVAllocator):
 
     def __init__(self, num_blocks: int, block_size: int, swap_blocks: int = 0, prefix_caching: bool = False,
                  eviction: str = "lru"):
-        self.pool = BlockPool(num_blocks, block_size)
+        self.pool = self._new_pool(num_blocks, block_size)
         self.cpu_pool = BlockPool(swap_blocks, block_size)
         self.block_size = block_size
         self.capacity = num_blocks * block_size
@@ -143,6 +143,11 @@ class PagedAllocator(KVAllocator):
         self.prefix_lookups = 0  # cacheable prompt blocks looked up
         self.prefix_hits = 0  # ... and found
         self.evictions = 0
+
+    def _new_pool(self, num_blocks: int, block_size: int) -> BlockPool:
+        """The GPU pool (a subclass with another free-block order builds its own here, so
+        no list of every block is built for nothing: a million-block cache's is ~40 MB)."""
+        return BlockPool(num_blocks, block_size)
 
     @property
     def cow_copies(self) -> int:

@@ -26,7 +26,7 @@ counters are what this checks.
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvsim.policies.reference_eviction import PlainEvictionOrder
 
@@ -45,22 +45,26 @@ class TierEntry:
     priority: int = 0
 
 
+@dataclass(eq=False)
 class PlainTier:
-    """``capacity_blocks`` block contents under one eviction policy (module docstring)."""
+    """``capacity`` block contents under one ``eviction`` policy (module docstring); the
+    counters are in blocks."""
 
-    def __init__(self, name: str, capacity_blocks: int, eviction: str = "lru"):
-        if capacity_blocks < 0:
-            raise ValueError(f"tier {name!r}: capacity must be >= 0 blocks, got {capacity_blocks}")
-        self.name = name
-        self.capacity = capacity_blocks
-        self.eviction = eviction
-        self.entries: dict[Hashable, TierEntry] = {}
-        self.order = PlainEvictionOrder(eviction, capacity_blocks)
-        self.clock = 0
-        self.stored_blocks = 0  # keys stored (blocks)
-        self.dropped_blocks = 0  # keys that found no room
-        self.evictions = 0  # entries evicted to make room
-        self.hit_blocks = 0  # keys loads read
+    name: str
+    capacity: int  # blocks
+    eviction: str = "lru"
+    entries: dict[Hashable, TierEntry] = field(default_factory=dict)
+    clock: int = 0
+    stored_blocks: int = 0  # keys stored
+    dropped_blocks: int = 0  # keys that found no room
+    evictions: int = 0  # entries evicted to make room
+    hit_blocks: int = 0  # keys loads read
+
+    def __post_init__(self) -> None:
+        if self.capacity < 0:
+            raise ValueError(
+                f"tier {self.name!r}: capacity must be >= 0 blocks, got {self.capacity}")
+        self.order = PlainEvictionOrder(self.eviction, self.capacity)
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -107,22 +111,27 @@ class PlainTier:
         stored: list[Hashable] = []
         evicted: list[Evicted] = []
         for key, parent, priority in zip(keys, parents, priorities):
-            if key in self.entries:
-                continue
-            if len(self.entries) >= self.capacity:
-                victim = self.order.victim(k for k in self.entries if self.may_go(k))
-                if victim is None:
-                    self.dropped_blocks += 1
-                    continue
-                gone = self.entries.pop(victim)
-                evicted.append((victim, gone.parent, gone.priority))
-            self.clock += 1
-            self.order.insert(key, self.clock, priority)
-            self.entries[key] = TierEntry(ready_s, parent, priority)
-            stored.append(key)
-        self.stored_blocks += len(stored)
-        self.evictions += len(evicted)
+            if key not in self.entries and self.make_room(evicted):
+                self.clock += 1
+                self.order.insert(key, self.clock, priority)
+                self.entries[key] = TierEntry(ready_s, parent, priority)
+                self.stored_blocks += 1
+                stored.append(key)
         return stored, evicted
+
+    def make_room(self, evicted: list[Evicted]) -> bool:
+        """Is there room for one more entry? A full tier evicts the order's victim among the
+        entries that may go (appended to ``evicted``); if none may go, the store is dropped."""
+        if len(self.entries) < self.capacity:
+            return True
+        victim = self.order.victim(k for k in self.entries if self.may_go(k))
+        if victim is None:
+            self.dropped_blocks += 1
+            return False
+        gone = self.entries.pop(victim)
+        evicted.append((victim, gone.parent, gone.priority))
+        self.evictions += 1
+        return True
 
     def use(self, keys: Sequence[Hashable], priority: int = 0) -> None:
         """A load read ``keys`` (each held), for a request of ``priority``."""

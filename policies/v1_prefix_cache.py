@@ -59,19 +59,25 @@ Memory classes: a cached free block is free (reusable), as in the v0 cache.
 
 Cost (issue 21): the work a request's arrival, admission and finish do is one call each on
 whole runs of blocks, not a Python call per block: identities are interned a run of
-consecutive keys at a time (``policies.key_chain``), a lookup checks the shared keys in
-doubling strides, a hit is held with one ``QueuedBlockPool.hold``, a finished table is
-released with one ``release_all`` (one queue update), and blocks never used yet stay a
-``range`` in the free queue. What is still per block: the block tables themselves, one
-refcount update per block held or released, and one cache-index entry per registered block.
+consecutive keys at a time (``policies.key_chain``); the cache index, both ways, is two
+arrays indexed by key and by block (``policies.dense_map``: 8 bytes an entry instead of
+two dict entries and two int objects), so a lookup reads a prompt's keys, a registration
+stores a run and a take forgets a run with C-level ``map`` calls or numpy; a hit is held
+with one ``QueuedBlockPool.hold`` and a finished table released with one ``release_table``
+(numpy on the refcounts for long tables, one queue update); blocks never used yet stay a
+``range`` in the free queue. What is still per block at C speed: the block tables
+themselves (lists) and the refcount and index entries of each block; in Python: the
+request's own (private) blocks' index entries and, under eviction policies other than
+``lru``, the eviction order's entries.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterator, Sequence
-from itertools import chain, repeat
+from itertools import chain
 
 from kvsim.policies.block_pool import QueuedBlockPool
+from kvsim.policies.dense_map import DenseMap
 from kvsim.policies.eviction_order import EvictionOrder
 from kvsim.policies.free_block_queue import UncachedFirstQueue
 from kvsim.policies.key_chain import KeyChain
@@ -94,12 +100,13 @@ class V1PrefixCacheAllocator(PagedAllocator):
     order free cached blocks are evicted in (module docstring)."""
 
     def __init__(self, num_blocks: int, block_size: int, eviction: str = "lru"):
-        super().__init__(num_blocks, block_size, 0, prefix_caching=True)
+        super().__init__(num_blocks, block_size, 0, prefix_caching=True)  # a QueuedBlockPool (_new_pool)
         self.eviction = eviction
         self._order: EvictionOrder | None = None  # None: vLLM's single free queue (lru)
-        if eviction == "lru":
-            self.pool = QueuedBlockPool(num_blocks, block_size)
-        else:
+        # The cache index both ways, in arrays (policies.dense_map): key -> block, block -> key.
+        self._cached: DenseMap = DenseMap()  # type: ignore[assignment]
+        self._key_of: DenseMap = DenseMap(num_blocks)  # type: ignore[assignment]
+        if eviction != "lru":
             self._order = EvictionOrder(eviction, num_blocks)
             queue = UncachedFirstQueue(range(num_blocks), self._order, self._key_of, self._cached)
             self.pool = QueuedBlockPool(num_blocks, block_size, queue)
@@ -115,6 +122,11 @@ class V1PrefixCacheAllocator(PagedAllocator):
         self.on_evict: Callable[[list, list, list], None] | None = None  # (keys, parents, priorities)
         self._meta: dict[Hashable, tuple[Hashable | None, int]] = {}
 
+    def _new_pool(self, num_blocks: int, block_size: int) -> QueuedBlockPool:
+        """vLLM's FIFO free queue (another eviction policy replaces it once the cache index
+        exists: its queue reads it)."""
+        return QueuedBlockPool(num_blocks, block_size)
+
     # --- identities ----------------------------------------------------------------------
     def prefix_keys(self, prefix: Sequence[Hashable]) -> list[int]:
         """Chained identities of the blocks a request's shared prefix names (walked a run of
@@ -125,18 +137,14 @@ class V1PrefixCacheAllocator(PagedAllocator):
         """Cached blocks of the longest leading run of a request's full blocks, at most
         ``(num_tokens - 1) // block_size`` of them."""
         limit = (num_tokens - 1) // self.block_size
-        get, hits = self._cached.get, []
-        # The shared keys in C-level strides that double (a miss wastes at most as many
-        # lookups as hit before it), then, past them, the request's own blocks one by one.
-        named, start, stride = min(limit, len(keys)), 0, 32
-        while start < named:
-            part = list(map(get, keys[start:min(start + stride, named)]))
-            if None in part:
-                hits += part[:part.index(None)]
-                return hits
-            hits += part
-            start += stride
-            stride *= 2
+        cached = self._cached
+        # The shared keys at once in the index's array, then, past them, the request's own
+        # blocks one by one.
+        named = min(limit, len(keys))
+        hits = cached.leading(keys[:named])
+        if len(hits) < named:
+            return hits
+        get = cached.get
         for key in block_identities(keys, request_id, named, limit):
             b = get(key)
             if b is None:
@@ -146,7 +154,7 @@ class V1PrefixCacheAllocator(PagedAllocator):
 
     def in_use(self, blocks: list[int]) -> int:
         """How many of ``blocks`` some sequence holds (the rest wait in the free queue)."""
-        return len(blocks) - list(map(self.pool.refcounts.__getitem__, blocks)).count(0)
+        return self.pool.in_use(blocks)
 
     def take_hits(self, blocks: list[int], priority: int = 0) -> None:
         """Hold the hit blocks (a free one leaves the queue), before fresh blocks are taken;
@@ -189,10 +197,16 @@ class V1PrefixCacheAllocator(PagedAllocator):
         if self.on_evict is not None:
             self._remember(new, next(block_identities(keys, rid, start - 1, start)) if start else None,
                            self._priority[seq_id])
-        if cached.keys().isdisjoint(new):  # the usual case: the whole run at once, at C speed
-            blocks = table[start:full]
-            cached.update(zip(new, blocks))
-            key_of.update(zip(blocks, new))
+        shared = min(full, len(keys)) - start  # leading keys of the run that are ints
+        blocks = table[start:start + shared]
+        if shared > 0 and cached.put_ints(new[:shared], blocks):  # the usual case: none cached yet
+            stored = key_of.put_ints(blocks, new[:shared])
+            assert stored, "a block just filled names no content yet"
+            for i in range(start + shared, full):  # the request's own blocks
+                key = new[i - start]
+                if key not in cached:
+                    cached[key] = table[i]
+                    key_of[table[i]] = key
         else:
             for i, key in enumerate(new, start):
                 if key not in cached:
@@ -206,10 +220,8 @@ class V1PrefixCacheAllocator(PagedAllocator):
         eviction), at C speed for a whole run."""
         key_of = self._key_of
         if key_of:
-            evicted = [k for k in map(key_of.pop, blocks, repeat(None)) if k is not None]
-            cached = self._cached
-            for key in evicted:
-                del cached[key]
+            evicted = key_of.pop_many(blocks)
+            self._cached.delete_many(evicted)
             self.evictions += len(evicted)
             if evicted and self.on_evict is not None:
                 meta = [self._meta.pop(k) for k in evicted]
@@ -230,13 +242,16 @@ class V1PrefixCacheAllocator(PagedAllocator):
         a request's tail is evicted before its head)."""
         if not table:
             return
-        freed = self.pool.release_all(table[::-1])
+        freed = self.pool.release_table(table[::-1])
         if freed:
-            filled = self._filled
-            self._token_states -= sum(map(filled.__getitem__, freed))
-            # only the last block can have room (every other one is full), and if it was
-            # freed it was freed first; a free block counts as full
-            filled[freed[0]] = self.block_size
+            # only the last block can have room (every other one is full): the slots freed
+            # follow from the count; a free block counts as full
+            B, last, filled = self.block_size, table[-1], self._filled
+            if self.pool.refcounts[last]:  # someone else holds it (a hit: full)
+                self._token_states -= freed * B
+            else:
+                self._token_states -= (freed - 1) * B + filled[last]
+                filled[last] = B
 
     def free(self, seq_id: int) -> None:
         self.register_full(seq_id)

@@ -9,10 +9,10 @@ Each replica's engine is a process that reads like the loop it simulates::
         scheduler.complete(step, now)        # every sequence gains a token
 
 When a replica has nothing to do it sleeps until an arrival routed to it (or the end of
-the trace) wakes it. The speed lives behind two calls to the replica's fast path
-(``simulator.fast_path``, DESIGN.md "Performance principle"): ``plan`` extends a decode
-step with the identical iterations certain to follow it, and ``apply`` advances them in
-closed form and writes the step table's row. When no other event comes before a step
+the trace) wakes it. The speed lives behind one call to the replica's fast path
+(``simulator.fast_path``, DESIGN.md "Performance principle"): ``run`` plans (extends a
+decode step with the identical iterations certain to follow it) and applies (advances
+them in closed form and writes the step table's row). When no other event comes before a step
 ends, the engine does not yield at all: it completes the step and goes on (SimPy would
 run nothing in between), so its clock ``now`` may run ahead of SimPy's.
 """
@@ -204,7 +204,7 @@ class Simulation:
                         return
                 continue
             compute, swap = step_seconds(cost, step)  # cost
-            done = fast.apply(fast.plan(step, now, compute, swap))  # row; identical iterations at once
+            done = fast.run(step, now, compute, swap)  # its row; identical iterations at once
             if swap and pcie is not None:  # wait: the transfer overlaps the compute
                 yield env.all_of([env.timeout(compute), env.process(self._transfer(replica, swap))])
                 now = env.now

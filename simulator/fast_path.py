@@ -2,12 +2,14 @@
 iterations in closed form, and the step table's rows.
 
 The engine loop states the rules (schedule, cost, wait, complete); this module makes
-them cheap. For every step it scheduled, a replica's engine makes two calls::
+them cheap. For every step it scheduled, a replica's engine makes one call, which plans a
+run and applies it::
 
-    run = fast.plan(step, start, compute_s, swap_s)   # the step, and the iterations sure to follow it
-    done = fast.apply(run)                             # write its row; advance them in closed form
+    done = fast.run(step, start, compute_s, swap_s)   # plan the run, write its row, advance it
     ... wait until done.end ...
     done.complete(scheduler, done.end)                 # what the run left to complete
+
+(``fast.plan(step, ...)`` shows what ``run`` would plan, applying nothing.)
 
 **Planning.** After a decode step the scheduler can tell how many more iterations are
 certain to be identical (``run_length``: no admission, no finish, every append fits).
@@ -69,8 +71,8 @@ class Lookahead:
 
 
 class Run(NamedTuple):
-    """A scheduled step and the identical decode iterations planned to follow it. A value
-    (a named tuple: the engine builds one per step, and ``apply`` unpacks it at once)."""
+    """A scheduled step and the identical decode iterations planned to follow it: what
+    :meth:`FastPath.plan` shows (a named tuple, a value)."""
 
     step: Step
     start: float  # when the step starts (s)
@@ -144,9 +146,10 @@ class FastPath:
     ``state``: a row's queue lengths and memory classes, from the replica and its memory
     (:func:`row_state`; the engine passes its own hook for it).
 
-    Every engine step runs ``plan`` and ``apply`` once, so they are written for speed
-    (``make bench``): the allocator's ``usage`` and the log's ``append`` are bound once,
-    records are built as tuples (``_new``, ``step_row``) and unpacked at once.
+    Every engine step runs ``run`` once, so it is written for speed (``make bench``): it
+    plans and applies in one call (no :class:`Run` in between), the allocator's ``usage``
+    and the log's ``append`` are bound once, records are built as tuples (``_new``,
+    ``step_row``) and unpacked at once.
     """
 
     __slots__ = ("replica", "index", "scheduler", "cost", "steps", "lookahead", "macro_steps", "max_run",
@@ -168,39 +171,50 @@ class FastPath:
         self._usage = replica.scheduler.alloc.usage  # memory by class now (MemoryUsage, slots)
         self._append = steps.append
 
-    # --- the two calls ----------------------------------------------------------------
-    def plan(self, step: Step, start: float, compute_s: float, swap_s: float) -> Run:
-        """``step`` (starting at ``start``, s) and the identical decode iterations certain
-        to follow it before anything could change them."""
-        sched = self.scheduler
-        extra = sched.run_length(step, self.max_run) if self.macro_steps else 0
-        if not extra:
-            return _new(Run, (step, start, compute_s, swap_s, None, INF))
-        look = self.lookahead
-        edge = next((e for e in look.edges if e > start), INF) if look.edges else INF
-        # With nothing waiting, an arrival may be admitted at the next step boundary.
-        cut = edge if sched.waiting else min(edge, look.next_arrival)
-        cut = min(cut, sched.next_load_s)  # a load's end puts its request at the head
-        shape = step.shape
-        weights = plan_weights(self.cost, shape.decode_seqs, shape.decode_context, extra, start + compute_s, cut)
-        return _new(Run, (step, start, compute_s, swap_s, weights, edge))
-
-    def apply(self, run: Run) -> RunEnd:
-        """Write ``run``'s row and advance its iterations; returns where the engine waits
-        and what it completes there."""
-        step, start, compute, swap, weights, _ = run
-        if weights is not None:
-            return self._advance(run)
-        # A step alone. Rows are written as steps start (memory as the step starts), so
+    # --- the engine's call, and a look at what it would plan ------------------------------
+    def run(self, step: Step, start: float, compute_s: float, swap_s: float) -> RunEnd:
+        """Plan ``step`` (starting at ``start``, s) with the identical decode iterations
+        certain to follow it, and apply it: write its row, advance the iterations in closed
+        form. Returns where the engine waits and what it completes there. One call, not
+        two: the engine makes it for every step (``make bench``)."""
+        if self.macro_steps and (extra := self.scheduler.run_length(step, self.max_run)):
+            edge = self._edge(start) if self.lookahead.edges else INF
+            weights = self._weights(step, start + compute_s, extra, edge)
+            if weights is not None:
+                return self._advance(step, start, compute_s, weights, edge)
+        # The step alone. Rows are written as steps start (memory as the step starts), so
         # they stay in time order across replicas.
         u = self._usage()
-        duration = max(compute, swap) if swap and self.overlap_swap else compute + swap
+        duration = max(compute_s, swap_s) if swap_s and self.overlap_swap else compute_s + swap_s
         self._record(step, start, duration, 1, step.shape.decode_seqs, step.num_groups, u.token_states,
-                     u.reserved, u.internal_frag, u.free, u.unshared or (u.capacity - u.free), swap)
-        return _new(RunEnd, (start + (compute + swap), step, None))  # as SimPy adds a timeout's delay
+                     u.reserved, u.internal_frag, u.free, u.unshared or (u.capacity - u.free), swap_s)
+        return _new(RunEnd, (start + (compute_s + swap_s), step, None))  # as SimPy adds a timeout's delay
+
+    def plan(self, step: Step, start: float, compute_s: float, swap_s: float) -> Run:
+        """What ``run`` would plan for ``step``, without applying anything (to look at it:
+        tests, debugging): the step and the identical decode iterations sure to follow it."""
+        extra = self.scheduler.run_length(step, self.max_run) if self.macro_steps else 0
+        edge = self._edge(start) if extra else INF
+        weights = self._weights(step, start + compute_s, extra, edge) if extra else None
+        return _new(Run, (step, start, compute_s, swap_s, weights, edge))
+
+    # --- planning -----------------------------------------------------------------------
+    def _edge(self, start: float) -> float:
+        """The first explicit window edge after ``start`` (s; INF: none)."""
+        return next((e for e in self.lookahead.edges if e > start), INF)
+
+    def _weights(self, step: Step, first_end: float, extra: int, edge: float) -> RunWeights | None:
+        """Up to ``extra`` iterations after ``step`` (which ends at ``first_end``, s) before
+        anything could change them, in closed form (None: none). ``edge``: the window's."""
+        sched = self.scheduler
+        # With nothing waiting, an arrival may be admitted at the next step boundary.
+        cut = edge if sched.waiting else min(edge, self.lookahead.next_arrival)
+        cut = min(cut, sched.next_load_s)  # a load's end puts its request at the head
+        shape = step.shape
+        return plan_weights(self.cost, shape.decode_seqs, shape.decode_context, extra, first_end, cut)
 
     # --- a run, and past finishes while no admission can follow them -------------------
-    def _advance(self, r: Run) -> RunEnd:
+    def _advance(self, step: Step, start: float, d0: float, run: RunWeights, edge: float) -> RunEnd:
         """Apply the step's run of identical decode iterations, and go on past finishes
         while no admission can follow them (up to the next arrival and the window edge);
         write one row for it all.
@@ -210,7 +224,6 @@ class FastPath:
         """
         sched, cost, look = self.scheduler, self.cost, self.lookahead
         alloc = sched.alloc
-        step, start, d0, _, run, edge = r
         due: Step | None = step  # still to complete
         u = self._usage()
         groups = step.num_groups

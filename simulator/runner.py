@@ -18,7 +18,7 @@ from kvsim.policies.v1_prefix_cache import V1PrefixCacheAllocator
 from kvsim.simulator.cache_tiers import Level, TierLink, TierStack
 from kvsim.simulator.capacity import swap_slots
 from kvsim.simulator.config import ConfigError, ExperimentConfig
-from kvsim.simulator.cost_model.base import CostModel
+from kvsim.simulator.cost_model.base import CostModel, Deployment
 from kvsim.simulator.cost_model.catalogue import GiB
 from kvsim.simulator.cost_model.roofline import RooflineCostModel, RooflineParams
 from kvsim.simulator.engine import Simulation
@@ -115,19 +115,20 @@ def make_cost_factory(cfg: ExperimentConfig, base_dir: Path) -> Callable[[], Cos
     block = cfg.allocator.block_size if kernel == "paged" else 1
     if cfg.scheduler.policy == "sglang":  # its attention kernels (FlashInfer, FA3) read KV through a
         block = max(block, 16)  # token index table, not vLLM's per-block gather: cost them as vLLM at 16
+    deployment = Deployment(cfg.model.spec, hw.spec, hw.tensor_parallel, block, kernel, hw.pcie)
     if c.kind == "calibrated":
         from kvsim.simulator.cost_model.calibrated import CalibratedCostModel, load_profile_for
 
         profile = load_profile_for(c.profile, base_dir)
         params = RooflineParams(step_overhead_s=c.step_overhead_s)
-        return lambda: CalibratedCostModel(profile, cfg.model.spec, hw.spec, hw.tensor_parallel, block, kernel,
-                                           pcie=hw.pcie, swap_batched=c.swap_batched, params=params)
+        return lambda: CalibratedCostModel(profile, deployment, swap_batched=c.swap_batched,
+                                           params=params)
     if c.kind == "profiled":
         from kvsim.simulator.cost_model.profiled import profiled_cost_factory
 
         overhead = c.step_overhead_s or 0.0  # unset: the GPU's work only
-        return profiled_cost_factory(c.profile, base_dir, cfg.model.spec, hw.spec, hw.tensor_parallel, block,
-                                     kernel, pcie=hw.pcie, swap_batched=c.swap_batched, step_overhead_s=overhead)
+        return profiled_cost_factory(c.profile, base_dir, deployment, swap_batched=c.swap_batched,
+                                     step_overhead_s=overhead)
     params = RooflineParams(compute_efficiency=c.compute_efficiency, memory_efficiency=c.memory_efficiency,
                             step_overhead_s=c.step_overhead_s, swap_batched=c.swap_batched)
     return lambda: RooflineCostModel(cfg.model.spec, hw.spec, hw.tensor_parallel, block, kernel, params, hw.pcie)

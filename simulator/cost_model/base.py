@@ -43,6 +43,21 @@ def causal_attention_pairs(new_tokens: int, cached_tokens: int = 0) -> float:
     return new_tokens * cached_tokens + new_tokens * (new_tokens + 1) / 2
 
 
+@dataclass(frozen=True, slots=True)
+class Deployment:
+    """Where one replica of a model runs, as every measured cost model is built for it:
+    ``model`` on ``tensor_parallel`` ``gpu``s, KV blocks of ``block_size`` tokens read by the
+    ``paged`` or ``contiguous`` attention kernel, and the host link's PCIe generation
+    (``pcie``: a key of ``catalogue.PCIE``; None: the GPU's own) for swaps."""
+
+    model: ModelSpec
+    gpu: GPUSpec
+    tensor_parallel: int = 1
+    block_size: int = 16  # tokens per KV block
+    kernel: str = "paged"
+    pcie: str | None = None
+
+
 class CostModel(ABC):
     """Predicts seconds for a step and for memory transfers on one model replica.
 

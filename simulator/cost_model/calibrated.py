@@ -23,14 +23,13 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from kvsim.simulator.cost_model.base import BatchShape, CostModel
+from kvsim.simulator.cost_model.base import BatchShape, CostModel, Deployment
 from kvsim.simulator.cost_model.calibration_profile import (
     AffineFit,
     Profile,
     ProfileError,
     read_profile,
 )
-from kvsim.simulator.cost_model.catalogue import GPUSpec, ModelSpec
 from kvsim.simulator.cost_model.gemm_shapes import kv_heads_per_gpu, layer_gemms, lm_head_gemm
 from kvsim.simulator.cost_model.operator_profile import profile_candidates
 from kvsim.simulator.cost_model.roofline import RooflineParams, allreduce_coefficients
@@ -58,24 +57,14 @@ def _nearest_block_size(available: list[int], block_size: int) -> int:
 class CalibratedCostModel(CostModel):
     """Step, swap and copy times read from a calibration profile; needs no GPU."""
 
-    def __init__(
-        self,
-        profile: Profile,
-        model: ModelSpec,
-        gpu: GPUSpec,
-        tensor_parallel: int = 1,
-        block_size: int = 16,
-        kernel: str = "paged",
-        *,
-        pcie: str | None = None,
-        swap_batched: bool = False,
-        params: RooflineParams | None = None,
-    ):
-        super().__init__(model, gpu, tensor_parallel, block_size, kernel)
+    def __init__(self, profile: Profile, deployment: Deployment, *, swap_batched: bool = False,
+                 params: RooflineParams | None = None):
+        """``deployment.pcie`` is not read: the host link's swaps are measured in ``profile``."""
+        d = deployment
+        super().__init__(d.model, d.gpu, d.tensor_parallel, d.block_size, d.kernel)
         self.profile = profile
         self.params = p = params or RooflineParams()
-        self.pcie = pcie  # unused: the host link is measured (kept for the roofline's signature)
-        m, tp = model, tensor_parallel
+        m, gpu, tp, block_size, kernel = d.model, d.gpu, d.tensor_parallel, d.block_size, d.kernel
         self._layers = m.num_layers
         self._gemms = layer_gemms(m, tp)
         self._lm_head = lm_head_gemm(m, tp)

@@ -385,14 +385,18 @@ class _Reader(YamlReader):
             out[bs] = v
         return out
 
+    def quality(self, d: dict, key: str) -> tuple[float, int]:
+        """A fit's optional quality fields: (``rel_rmse``, default 0.0; ``points``, default 0)."""
+        return (self.number(d, "rel_rmse", key) if "rel_rmse" in d else 0.0,
+                self.integer(d, "points", key) if "points" in d else 0)
+
     def decode(self, d: Any, key: str) -> DecodeFit:
         d = self.mapping(d, key)
         return DecodeFit(
             self.number(d, "a", key),
             self.number(d, "b", key),
             self.number(d, "c", key),
-            self.number(d, "rel_rmse", key) if "rel_rmse" in d else 0.0,
-            self.integer(d, "points", key) if "points" in d else 0,
+            *self.quality(d, key),
         )
 
     def affine(self, d: Any, key: str) -> AffineFit:
@@ -400,8 +404,7 @@ class _Reader(YamlReader):
         return AffineFit(
             self.number(d, "a", key),
             self.number(d, "b", key),
-            self.number(d, "rel_rmse", key) if "rel_rmse" in d else 0.0,
-            self.integer(d, "points", key) if "points" in d else 0,
+            *self.quality(d, key),
         )
 
     def transfer(self, d: Any, key: str) -> TransferFit:
@@ -409,8 +412,7 @@ class _Reader(YamlReader):
         return TransferFit(
             self.number(d, "latency_s", key),
             self.number(d, "bytes_per_s", key, positive=True),
-            self.number(d, "rel_rmse", key) if "rel_rmse" in d else 0.0,
-            self.integer(d, "points", key) if "points" in d else 0,
+            *self.quality(d, key),
         )
 
     def gbps(self, d: Any, key: str) -> dict[int, float]:

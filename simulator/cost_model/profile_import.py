@@ -38,16 +38,15 @@ never imports.
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import re
-import shutil
 import statistics
 import sys
 from pathlib import Path
 
 import yaml
 
+from kvsim.simulator.cost_model import import_files
 from kvsim.simulator.cost_model.operator_profile import (
     ATTENTION_AXES,
     PROFILES_DIR,
@@ -55,7 +54,6 @@ from kvsim.simulator.cost_model.operator_profile import (
     OperatorProfile,
     Table1D,
     TPTables,
-    write_operator_profile,
 )
 from kvsim.simulator.cost_model.vidur_import import VidurFormatError, import_vidur, is_vidur_folder
 
@@ -87,26 +85,11 @@ def _read_yaml(path: Path) -> dict:
 
 
 def _read_csv(path: Path, columns: tuple[str, ...]) -> list[dict[str, str]]:
-    if not path.is_file():
-        raise BundleError(f"{path}: missing")
-    with path.open(newline="") as f:
-        reader = csv.DictReader(f)
-        missing = [c for c in columns if c not in (reader.fieldnames or [])]
-        if missing:
-            raise BundleError(f"{path}: missing column(s) {', '.join(missing)} (has {reader.fieldnames})")
-        return list(reader)
+    return import_files.read_rows(path, columns, BundleError)
 
 
 def _number(row: dict[str, str], col: str, path: Path, line: int, integer: bool) -> float:
-    text = row[col]
-    try:
-        v = int(text) if integer else float(text)
-    except (TypeError, ValueError):
-        raise BundleError(f"{path}:{line}: {col}: expected {'an integer' if integer else 'a number'}, "
-                          f"got {text!r}") from None
-    if v < 0 or not math.isfinite(v):
-        raise BundleError(f"{path}:{line}: {col}: expected a value >= 0, got {text!r}")
-    return v
+    return import_files.cell_number(row, col, path, line, integer, BundleError)
 
 
 def _tables(path: Path, axis: str) -> dict[str, Table1D]:
@@ -157,28 +140,6 @@ def mean_context_error(skew_csv: Path) -> tuple[float, float, int] | None:
     return statistics.median(errs), errs[min(len(errs) - 1, int(0.95 * len(errs)))], len(errs)
 
 
-def _find_up(start: Path, name: str, levels: int = 2) -> Path | None:
-    for d in [start, *list(start.parents)[:levels]]:
-        if (d / name).is_file():
-            return d / name
-    return None
-
-
-def _paragraph(text: str) -> str:
-    """The first paragraph that is not a heading, on one line."""
-    for block in re.split(r"\n\s*\n", text):
-        lines = [x.strip() for x in block.strip().splitlines() if not x.startswith("#")]
-        if lines and not lines[0].startswith("|"):
-            return " ".join(lines).rstrip(":")
-    return ""
-
-
-def _licence(text: str) -> str:
-    lines = [x.strip() for x in text.splitlines() if x.strip()]
-    copyright_ = next((x for x in lines if x.lower().startswith("copyright")), "")
-    return ", ".join(x for x in (lines[0] if lines else "", copyright_) if x)
-
-
 def default_name(meta: dict) -> str:
     """``<hardware>-<model basename>``, lower case: ``rtx4090-llama-3.1-8b``."""
     model = str(meta.get("model", "model")).rsplit("/", 1)[-1]
@@ -226,9 +187,10 @@ def convert(bundle: str | Path, name: str | None = None) -> tuple[OperatorProfil
             raise BundleError(f"{root / 'meta.yaml'}: engine_effective.hf_overrides.{upstream}: missing")
         model[k] = int(over[upstream]) * scale
     engine = meta.get("engine_effective") or {}
-    licence_file, sources_file = _find_up(root, "LICENSE"), _find_up(root, "SOURCES.md")
+    licence_file = import_files.find_up(root, "LICENSE", 2)
+    sources_file = import_files.find_up(root, "SOURCES.md", 2)
     name = name or default_name(meta)
-    source = _paragraph(sources_file.read_text()) if sources_file else ""
+    source = import_files.first_paragraph(sources_file.read_text()) if sources_file else ""
     provenance = {
         "source": source or f"LLMServingSim profiler bundle {root.name}",
         "gpu": str(meta.get("gpu", "")),
@@ -237,8 +199,8 @@ def convert(bundle: str | Path, name: str | None = None) -> tuple[OperatorProfil
         "cuda": str(meta.get("cuda_version", "")),
         "profiler": f"LLMServingSim profiler {meta.get('profiler_version', '?')}",
         "date": str(meta.get("profiled_at", "")),
-        "licence": (_licence(licence_file.read_text()) if licence_file else "unknown")
-        + (f"; see {name}.LICENSE" if licence_file else ""),
+        "licence": f"{import_files.licence_summary(licence_file.read_text())}; see {name}.LICENSE"
+        if licence_file else "unknown",
         "attribution": f"{name}.SOURCES.md" if sources_file else "",
         "measurement": f"{meta.get('measurement_iterations', '?')} timed forwards per shot, "
         f"enforce_eager={engine.get('enforce_eager')}, KV block size {engine.get('block_size', '?')} "
@@ -258,13 +220,7 @@ def convert(bundle: str | Path, name: str | None = None) -> tuple[OperatorProfil
 def import_bundle(bundle: str | Path, out_dir: str | Path = PROFILES_DIR, name: str | None = None) -> Path:
     """Convert ``bundle`` and write ``<out_dir>/<name>.yaml`` plus its licence and attribution."""
     profile, licence_file, sources_file = convert(bundle, name)
-    out_dir = Path(out_dir)
-    path = write_operator_profile(profile, out_dir / f"{profile.name}.yaml")
-    if licence_file is not None:
-        shutil.copyfile(licence_file, out_dir / f"{profile.name}.LICENSE")
-    if sources_file is not None:
-        shutil.copyfile(sources_file, out_dir / f"{profile.name}.SOURCES.md")
-    return path
+    return import_files.write_with_sources(profile, out_dir, licence_file, sources_file)
 
 
 def main(argv: list[str] | None = None) -> int:

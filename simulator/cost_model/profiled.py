@@ -149,8 +149,8 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from kvsim.simulator.cost_model.base import BatchShape, CostModel
-from kvsim.simulator.cost_model.catalogue import GPUSpec, ModelSpec
+from kvsim.simulator.cost_model.base import BatchShape, CostModel, Deployment
+from kvsim.simulator.cost_model.catalogue import ModelSpec
 from kvsim.simulator.cost_model.operator_profile import (
     AttentionGrid,
     OperatorProfile,
@@ -372,22 +372,15 @@ class _Attention:
 class ProfiledCostModel(CostModel):
     """Step times from a measured operator profile; swaps and copies from the roofline."""
 
-    def __init__(
-        self,
-        profile: OperatorProfile,
-        model: ModelSpec,
-        gpu: GPUSpec,
-        tensor_parallel: int = 1,
-        block_size: int = 16,
-        kernel: str = "paged",
-        *,
-        pcie: str | None = None,
-        swap_batched: bool = False,
-        step_overhead_s: float = 0.0,
-        check_model: bool = True,
-        chunk_tile: float | None = None,
-    ):
-        super().__init__(model, gpu, tensor_parallel, block_size, kernel)
+    def __init__(self, profile: OperatorProfile, deployment: Deployment, *,
+                 swap_batched: bool = False, step_overhead_s: float = 0.0, check_model: bool = True,
+                 chunk_tile: float | None = None):
+        """``step_overhead_s``: seconds added to every step; ``check_model``: refuse a profile
+        of other shapes than ``deployment.model``; ``chunk_tile``: the chunk axis's tile in
+        tokens (module docstring; None: chosen from the profile)."""
+        d = deployment
+        super().__init__(d.model, d.gpu, d.tensor_parallel, d.block_size, d.kernel)
+        model, gpu, tensor_parallel = d.model, d.gpu, d.tensor_parallel
         self.profile = profile
         self.step_overhead_s = step_overhead_s
         if check_model:
@@ -416,8 +409,8 @@ class ProfiledCostModel(CostModel):
         self._layers = layers
         # Two ring all-reduces per layer over the GPU's link, at the link's own latency.
         self._ar_fixed, self._ar_token = allreduce_coefficients(model, gpu, tensor_parallel)
-        self._roofline = RooflineCostModel(model, gpu, tensor_parallel, block_size, kernel,
-                                           RooflineParams(swap_batched=swap_batched), pcie)
+        self._roofline = RooflineCostModel(model, gpu, tensor_parallel, d.block_size, d.kernel,
+                                           RooflineParams(swap_batched=swap_batched), d.pcie)
         # Decode-only steps are affine in the mean context between these (breaks of every line).
         self._kd = tuple(sorted({kd for xs, _ in self._attn.decode[(0, 0)][1] for kd in xs}))
         self._dense_cache: dict[int, float] = {}
@@ -551,12 +544,10 @@ def check_profile_model(profile: OperatorProfile, model: ModelSpec) -> None:
             f"{model.name} differs ({', '.join(diff)}): choose a profile of this model")
 
 
-def profiled_cost_factory(profile: str | Path, base_dir: str | Path | None, model: ModelSpec, gpu: GPUSpec,
-                          tensor_parallel: int = 1, block_size: int = 16, kernel: str = "paged",
+def profiled_cost_factory(profile: str | Path, base_dir: str | Path | None, deployment: Deployment,
                           **options) -> Callable[[], ProfiledCostModel]:
     """A factory of cost models (one per replica) on the profile a config names; the
     profile is read and checked against the model once, here, so a bad one fails early."""
     prof = load_profile(profile, base_dir)
-    check_profile_model(prof, model)
-    return lambda: ProfiledCostModel(prof, model, gpu, tensor_parallel, block_size, kernel,
-                                     check_model=False, **options)
+    check_profile_model(prof, deployment.model)
+    return lambda: ProfiledCostModel(prof, deployment, check_model=False, **options)

@@ -21,7 +21,7 @@ import sys
 import warnings
 from dataclasses import dataclass
 
-from kvsim.simulator.cost_model.base import BatchShape, causal_attention_pairs
+from kvsim.simulator.cost_model.base import BatchShape, Deployment, causal_attention_pairs
 from kvsim.simulator.cost_model.catalogue import GPUS, MODELS
 from kvsim.simulator.cost_model.profiled import (
     ProfiledCostModel,
@@ -58,7 +58,7 @@ def compare(profile: str = "rtx4090-llama-3.1-8b", gpu: str = "rtx4090", model: 
             params: RooflineParams | None = None) -> list[Point]:
     prof = load_profile(profile)
     m, g = MODELS[model], GPUS[gpu]
-    profiled = ProfiledCostModel(prof, m, g)
+    profiled = ProfiledCostModel(prof, Deployment(m, g))
     roofline = RooflineCostModel(m, g, params=params)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ProfileExtrapolationWarning)

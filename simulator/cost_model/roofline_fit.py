@@ -55,7 +55,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from kvsim.simulator.cost_model.base import BatchShape
+from kvsim.simulator.cost_model.base import BatchShape, Deployment
 from kvsim.simulator.cost_model.catalogue import GPUS, MODELS
 from kvsim.simulator.cost_model.operator_profile import PROFILES_DIR, is_operator_profile
 from kvsim.simulator.cost_model.profiled import (
@@ -109,7 +109,7 @@ def case_from_profile(name: str, gpu: str, model: str) -> FitCase:
     from kvsim.simulator.cost_model.roofline_check import grid_shapes
 
     prof = load_profile(name)
-    profiled = ProfiledCostModel(prof, MODELS[model], GPUS[gpu])
+    profiled = ProfiledCostModel(prof, Deployment(MODELS[model], GPUS[gpu]))
     pairs = grid_shapes(profiled)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ProfileExtrapolationWarning)

@@ -43,20 +43,17 @@ Plain Python, like ``profile_import``: no numpy, pandas or torch.
 
 from __future__ import annotations
 
-import csv
-import math
 import re
-import shutil
 from collections import defaultdict
 from pathlib import Path
 
+from kvsim.simulator.cost_model import import_files
 from kvsim.simulator.cost_model.operator_profile import (
     PROFILES_DIR,
     AttentionGrid,
     OperatorProfile,
     Table1D,
     TPTables,
-    write_operator_profile,
 )
 
 #: Vidur's dense operators per decoder layer (times per step) and once per step.
@@ -83,29 +80,14 @@ def is_vidur_folder(path: str | Path) -> bool:
 
 
 def _rows(path: Path, needed: tuple[str, ...]) -> list[dict[str, str]]:
-    if not path.is_file():
-        raise VidurFormatError(f"{path}: missing")
-    with path.open(newline="") as f:
-        reader = csv.DictReader(f)
-        missing = [c for c in needed if c not in (reader.fieldnames or [])]
-        if missing:
-            raise VidurFormatError(f"{path}: missing column(s) {', '.join(missing)}")
-        rows = list(reader)
+    rows = import_files.read_rows(path, needed, VidurFormatError)
     if not rows:
         raise VidurFormatError(f"{path}: no rows")
     return rows
 
 
 def _num(row: dict[str, str], col: str, path: Path, line: int, integer: bool = False) -> float:
-    text = row[col]
-    try:
-        v = int(text) if integer else float(text)
-    except (TypeError, ValueError):
-        raise VidurFormatError(f"{path}:{line}: {col}: expected {'an integer' if integer else 'a number'}, "
-                               f"got {text!r}") from None
-    if v < 0 or not math.isfinite(v):
-        raise VidurFormatError(f"{path}:{line}: {col}: expected a value >= 0, got {text!r}")
-    return v
+    return import_files.cell_number(row, col, path, line, integer, VidurFormatError)
 
 
 def _median(op: str) -> str:
@@ -177,13 +159,6 @@ def read_attention(path: Path) -> tuple[dict[int, AttentionGrid], dict[str, str]
     return grids, settings
 
 
-def _find_up(start: Path, name: str, levels: int = 7) -> Path | None:
-    for d in [start, *list(start.parents)[:levels]]:
-        if (d / name).is_file():
-            return d / name
-    return None
-
-
 def _path_names(folder: Path) -> tuple[str | None, str | None]:
     """(gpu, org/model) from ``.../compute/<gpu>/<org>/<model>``, if the path has that shape."""
     parts = folder.resolve().parts
@@ -193,14 +168,6 @@ def _path_names(folder: Path) -> tuple[str | None, str | None]:
         if len(rest) >= 2:
             return rest[0], "/".join(rest[1:])
     return None, None
-
-
-def _first_paragraph(text: str) -> str:
-    for block in re.split(r"\n\s*\n", text):
-        lines = [x.strip() for x in block.strip().splitlines() if not x.startswith("#")]
-        if lines and not lines[0].startswith("|"):
-            return " ".join(lines)
-    return ""
 
 
 def default_name(gpu: str, model: str) -> str:
@@ -229,13 +196,13 @@ def convert_vidur(folder: str | Path, name: str | None = None, gpu: str | None =
                                f"(mlp: {sorted(dense)}, attention: {sorted(attention)})")
     tp = {d: TPTables(dense[d], {}, attention[d]) for d in degrees}
     name = name or default_name(gpu, model)
-    licence_file, sources_file = _find_up(root, "LICENSE"), _find_up(root, "SOURCES.md")
+    licence_file = import_files.find_up(root, "LICENSE", 7)
+    sources_file = import_files.find_up(root, "SOURCES.md", 7)
     licence = "unknown"
     if licence_file is not None:
-        lines = [x.strip() for x in licence_file.read_text().splitlines() if x.strip()]
-        licence = ", ".join([lines[0], *[x for x in lines if x.lower().startswith("copyright")]]) + f"; see {name}.LICENSE"
+        licence = f"{import_files.licence_summary(licence_file.read_text())}; see {name}.LICENSE"
     provenance = {
-        "source": (_first_paragraph(sources_file.read_text()) if sources_file else "")
+        "source": (import_files.first_paragraph(sources_file.read_text()) if sources_file else "")
         or f"Vidur profiling CSVs (microsoft/vidur data/profiling layout) in {root}",
         "gpu": f"NVIDIA {gpu.upper()} (Vidur's '{gpu}' profile)",
         "hardware": gpu.upper(),
@@ -262,10 +229,4 @@ def import_vidur(folder: str | Path, out_dir: str | Path = PROFILES_DIR, name: s
                  gpu: str | None = None, model: str | None = None) -> Path:
     """Convert ``folder`` and write ``<out_dir>/<name>.yaml`` plus its licence and attribution."""
     profile, licence_file, sources_file = convert_vidur(folder, name, gpu, model)
-    out_dir = Path(out_dir)
-    path = write_operator_profile(profile, out_dir / f"{profile.name}.yaml")
-    if licence_file is not None:
-        shutil.copyfile(licence_file, out_dir / f"{profile.name}.LICENSE")
-    if sources_file is not None:
-        shutil.copyfile(sources_file, out_dir / f"{profile.name}.SOURCES.md")
-    return path
+    return import_files.write_with_sources(profile, out_dir, licence_file, sources_file)

@@ -239,7 +239,7 @@ def test_a_fast_path_on_its_own_merges_runs_of_at_most_1024_iterations(fake_cost
     fast = FastPath(SimpleNamespace(index=0, scheduler=sched), cost, StepLog(keep_rows=True), Lookahead())
     assert fast.overlap_swap is False and fast.state is row_state
     prefill = sched.schedule(0.0)
-    done = fast.apply(fast.plan(prefill, 0.0, 1.0, 0.0))
+    done = fast.run(prefill, 0.0, 1.0, 0.0)
     done.complete(sched, done.end)
     run = fast.plan(sched.schedule(done.end), done.end, 1.0, 0.0)
     assert run.weights is not None and run.weights.steps == 1024

@@ -90,6 +90,32 @@ def configs(draw) -> dict:
     return draw_window_and_seed(draw, cfg, starts=(None, 0.05, 0.5), ends=(None, 1.0, 3.0))
 
 
+def next_request(draw, t: float, sharing: str, mixed: list[str],
+                 max_len: int) -> tuple[float, str, int]:
+    """The next request's arrival (``t`` plus a gap, s), its kind (``sharing``, or one of
+    ``mixed`` when that is "mixed") and its prompt length (tokens: mostly up to half the
+    context; one in ten up to 8 past it, so a few are rejected on arrival)."""
+    t += draw(st.sampled_from([0.0, 0.0, 0.0013, 0.011, 0.011, 0.07, 0.31]))
+    kind = sharing if sharing != "mixed" else draw(st.sampled_from(mixed))
+    long = not draw(st.integers(0, 9))
+    prompt = draw(st.integers(1, max_len + 8) if long else st.integers(1, max_len // 2))
+    return t, kind, prompt
+
+
+def shared_prefix(draw, kind: str, prompt: int, max_len: int) -> dict:
+    """A request's fields that share a prefix: by id (``kind`` "prefix": one of three ids over
+    16 tokens to the whole context) or by Mooncake hash ids (``kind`` "hash": one of four ids
+    per block); none for any other kind."""
+    if kind == "prefix":
+        return {"prefix_id": f"p{draw(st.integers(0, 2))}",
+                "prefix_tokens": draw(st.sampled_from([16, 64, 100, prompt, max_len]))}
+    if kind == "hash":
+        blocks = -(-prompt // HASH_BLOCK_TOKENS)
+        ids = draw(st.lists(st.integers(0, 3), min_size=blocks, max_size=blocks))
+        return {"hash_ids": tuple(ids), "hash_block_tokens": HASH_BLOCK_TOKENS}
+    return {}
+
+
 @st.composite
 def workloads(
     draw, max_len: int, prefix_caching: bool = False, min_count: int = 1, max_count: int = 16
@@ -103,31 +129,15 @@ def workloads(
     sharing = draw(st.sampled_from(kinds))
     requests, t = [], 0.0
     for i in range(count):
-        t += draw(st.sampled_from([0.0, 0.0, 0.0013, 0.011, 0.011, 0.07, 0.31]))
-        kind = (
-            sharing
-            if sharing != "mixed"
-            else draw(st.sampled_from(["none", "samples", "beams", "prefix", "hash"]))
-        )
-        # A few are too long for the model: rejected on arrival.
-        prompt = draw(
-            st.integers(1, max_len // 2) if draw(st.integers(0, 9)) else st.integers(1, max_len + 8)
-        )
+        mixed = ["none", "samples", "beams", "prefix", "hash"]
+        t, kind, prompt = next_request(draw, t, sharing, mixed, max_len)
         output = draw(st.integers(1, max_len // 2))
-        extra: dict = {}
         if kind == "samples":
-            extra["n"] = draw(st.integers(2, 3))
+            extra: dict = {"n": draw(st.integers(2, 3))}
         elif kind == "beams":
-            extra["beam_width"] = draw(st.integers(2, 3))
-        elif kind == "prefix":
-            extra["prefix_id"] = f"p{draw(st.integers(0, 2))}"
-            extra["prefix_tokens"] = draw(st.sampled_from([16, 64, 100, prompt, max_len]))
-        elif kind == "hash":
-            blocks = -(-prompt // HASH_BLOCK_TOKENS)
-            extra["hash_ids"] = tuple(
-                draw(st.lists(st.integers(0, 3), min_size=blocks, max_size=blocks))
-            )
-            extra["hash_block_tokens"] = HASH_BLOCK_TOKENS
+            extra = {"beam_width": draw(st.integers(2, 3))}
+        else:
+            extra = shared_prefix(draw, kind, prompt, max_len)
         requests.append(Request(i, round(t, 6), prompt, output, **extra))
     return requests
 
@@ -210,29 +220,11 @@ def v1_workloads(draw, max_len: int, max_count: int = 12) -> list[Request]:
     tokens = draw(token_prompts(count, max_len // 2)) if sharing == "tokens" else []
     requests, t = [], 0.0
     for i in range(count):
-        t += draw(st.sampled_from([0.0, 0.0, 0.0013, 0.011, 0.011, 0.07, 0.31]))
-        kind = (
-            sharing
-            if sharing != "mixed"
-            else draw(st.sampled_from(["none", "prefix", "hash", "prefix", "hash", "samples"]))
-        )
-        prompt = draw(
-            st.integers(1, max_len // 2) if draw(st.integers(0, 9)) else st.integers(1, max_len + 8)
-        )
+        mixed = ["none", "prefix", "hash", "prefix", "hash", "samples"]
+        t, kind, prompt = next_request(draw, t, sharing, mixed, max_len)
         output = draw(st.integers(1, max_len // 2))
-        extra: dict = {}
-        if kind == "samples":
-            extra["n"] = 2
-        elif kind == "prefix":
-            extra["prefix_id"] = f"p{draw(st.integers(0, 2))}"
-            extra["prefix_tokens"] = draw(st.sampled_from([16, 64, 100, prompt, max_len]))
-        elif kind == "hash":
-            blocks = -(-prompt // HASH_BLOCK_TOKENS)
-            extra["hash_ids"] = tuple(
-                draw(st.lists(st.integers(0, 3), min_size=blocks, max_size=blocks))
-            )
-            extra["hash_block_tokens"] = HASH_BLOCK_TOKENS
-        elif kind == "tokens":
+        extra: dict = {"n": 2} if kind == "samples" else shared_prefix(draw, kind, prompt, max_len)
+        if kind == "tokens":
             ids = tokens[i]
             if draw(st.booleans()):  # a next turn (its prompt + output fits the model)
                 ids = follow_up(draw, requests, ids, max_len - output)

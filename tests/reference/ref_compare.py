@@ -21,6 +21,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from hypothesis import HealthCheck, note, settings
+
 from kvsim.simulator.config import ExperimentConfig
 from kvsim.simulator.engine import Simulation, SimulationStalled
 from kvsim.simulator.memory_classes import CLASSES
@@ -184,3 +186,18 @@ def assert_same(config: dict | ExperimentConfig, requests: list[Request]) -> Non
             f"fast engine != reference:\n{shown}\n\nthe case, to paste into a regression "
             f"test:\n{case_source(config, requests)}"
         )
+
+
+def differential_settings(max_examples: int, large_data: bool = True) -> settings:
+    """The hypothesis settings of a differential test: ``max_examples`` cases, no deadline (a
+    case runs both engines), no health check on slow draws, nor (``large_data``) on large
+    ones."""
+    checks = [HealthCheck.too_slow, HealthCheck.data_too_large] if large_data else [HealthCheck.too_slow]
+    return settings(max_examples=max_examples, deadline=None, suppress_health_check=checks)
+
+
+def check_case(config: dict | ExperimentConfig, requests: list[Request]) -> None:
+    """``assert_same``, with the case's source noted first (hypothesis prints it for the
+    failing case, ready to paste into a regression test)."""
+    note(case_source(config, requests))
+    assert_same(config, requests)

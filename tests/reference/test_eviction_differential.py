@@ -7,12 +7,11 @@ on seeded cases of the same shape); hand-built cases pin which prefix each polic
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import random
 
 import pytest
-from hypothesis import HealthCheck, given, note, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from ref_cases import (
     SLOTS_PER_GIB,
@@ -23,41 +22,15 @@ from ref_cases import (
     v1_workloads,
     workloads,
 )
-from ref_compare import assert_same, case_source, differences, run_fast
+from ref_compare import assert_same, check_case, differences, differential_settings, run_fast
+from reuse_cases import reuse_workloads, seeded_reuse_requests, with_priorities
 
+from kvsim.policies.eviction_order import EVICTION_POLICIES as POLICIES
 from kvsim.simulator.config import ExperimentConfig
 from kvsim.traces import Request
 
-POLICIES = ("lru", "lfu", "fifo", "arc", "priority")
 # KVSIM_HYPOTHESIS_PROFILE=long (as the main differential tests) runs many more cases.
 EXAMPLES = {"default": 20, "long": 1000}[os.environ.get("KVSIM_HYPOTHESIS_PROFILE", "default")]
-
-
-def with_priorities(draw, requests: list[Request]) -> list[Request]:
-    """Priorities 0-2 (the ``priority`` policy's key; the others must ignore them)."""
-    return [dataclasses.replace(r, priority=draw(st.integers(0, 2))) for r in requests]
-
-
-@st.composite
-def reuse_workloads(draw, max_len: int, min_count: int = 6) -> list[Request]:
-    """``min_count``-14 requests, one every 0-0.3 s, each reusing one of three prefixes (prefix ids or
-    Mooncake hash ids) of 16 tokens to its whole prompt: prefixes come back after others
-    pushed them out, so victims are chosen among several cached prefixes."""
-    requests, t = [], 0.0
-    for i in range(draw(st.integers(min_count, 14))):
-        t += draw(st.sampled_from([0.0, 0.011, 0.07, 0.3]))
-        prompt = draw(st.integers(17, max_len // 2))
-        output = draw(st.integers(1, 24))
-        p = draw(st.integers(0, 2))
-        if draw(st.booleans()):
-            shared = draw(st.sampled_from([16, 32, 48, prompt]))
-            requests.append(Request(i, round(t, 6), prompt, output, prefix_id=f"p{p}",
-                                    prefix_tokens=min(shared, prompt)))
-        else:
-            blocks = -(-prompt // 16)
-            requests.append(Request(i, round(t, 6), prompt, output, hash_block_tokens=16,
-                                    hash_ids=tuple(range(10 * p, 10 * p + blocks))))
-    return requests
 
 
 @st.composite
@@ -108,13 +81,10 @@ ENGINE_POLICIES = {"vllm-v0": ("lru", "lfu", "fifo", "arc")}  # (v0's allocator 
 
 @pytest.mark.parametrize(("engine", "policy"),
                          [(e, p) for e in sorted(CASES) for p in ENGINE_POLICIES.get(e, POLICIES)])
-@settings(max_examples=EXAMPLES, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@differential_settings(EXAMPLES)
 @given(data=st.data())
 def test_fast_engine_equals_reference_under_each_eviction_policy(engine, policy, data):
-    config, requests = data.draw(CASES[engine](policy))
-    note(case_source(config, requests))
-    assert_same(config, requests)
+    check_case(*data.draw(CASES[engine](policy)))
 
 
 def _fast_outcome(config: dict, requests: list[Request]) -> tuple:
@@ -135,19 +105,7 @@ def seeded_case(seed: int, engine: str, policy: str) -> tuple[dict, list[Request
     cfg["scheduler"] = {"policy": engine, "max_num_seqs": rng.choice([2, 4, 256])}
     if engine == "vllm-v1":
         cfg["scheduler"]["max_num_batched_tokens"] = rng.choice([256, 512, 2048])
-    requests, t = [], 0.0
-    for i in range(rng.randint(10, 14)):
-        t += rng.choice([0.0, 0.011, 0.07, 0.3])
-        prompt, output, p = rng.randint(17, 128), rng.randint(1, 24), rng.randint(0, 2)
-        if rng.random() < 0.5:
-            shared = min(rng.choice([16, 32, 48, prompt]), prompt)
-            requests.append(Request(i, round(t, 6), prompt, output, prefix_id=f"p{p}", prefix_tokens=shared,
-                                    priority=rng.randint(0, 2)))
-        else:
-            blocks = -(-prompt // 16)
-            requests.append(Request(i, round(t, 6), prompt, output, hash_block_tokens=16,
-                                    hash_ids=tuple(range(10 * p, 10 * p + blocks)), priority=rng.randint(0, 2)))
-    return cfg, requests
+    return cfg, seeded_reuse_requests(rng, 10, 14, min_prompt=17)
 
 
 @pytest.mark.parametrize("engine", sorted(CASES))

@@ -17,7 +17,7 @@ import os
 from dataclasses import replace
 
 import pytest
-from hypothesis import HealthCheck, given, note, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ref_cases import (
     SLOTS_PER_GIB,
@@ -30,7 +30,7 @@ from ref_cases import (
     v1_cases,
     workloads,
 )
-from ref_compare import assert_same, case_source, differences
+from ref_compare import assert_same, check_case, differences, differential_settings
 
 from kvsim.policies.reference_paged import ReferenceFreeQueueAllocator
 from kvsim.policies.reference_radix import EVICTION_KEYS
@@ -52,21 +52,14 @@ if PROFILE not in PROFILES:
 EXAMPLES = PROFILES[PROFILE]
 
 
-@settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+@differential_settings(EXAMPLES)
 @given(cases())
 def test_fast_engine_equals_reference(case):
     config, requests = case
-    note(case_source(config, requests))
-    assert_same(config, requests)
+    check_case(config, requests)
 
 
-@settings(
-    max_examples=max(EXAMPLES // 3, 20), deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+@differential_settings(max(EXAMPLES // 3, 20), large_data=False)
 @given(
     configs().filter(lambda c: c["allocator"]["kind"] == "paged"),
     workloads(256, prefix_caching=True),
@@ -84,13 +77,10 @@ def test_prefix_caching_with_evictions_equals_reference(config, requests):
         **config["hardware"],
         "kv_cache_gib": max(config["hardware"]["kv_cache_gib"], 256 / SLOTS_PER_GIB),
     }
-    note(case_source(config, requests))
-    assert_same(config, requests)
+    check_case(config, requests)
 
 
-@settings(
-    max_examples=max(EXAMPLES // 3, 20), deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+@differential_settings(max(EXAMPLES // 3, 20), large_data=False)
 @given(
     configs().filter(lambda c: c["allocator"]["kind"] == "paged"),
     workloads(256, min_count=3),
@@ -131,13 +121,10 @@ def test_swapping_under_memory_pressure_equals_reference(
         )
         for r in requests
     ]
-    note(case_source(config, requests))
-    assert_same(config, requests)
+    check_case(config, requests)
 
 
-@settings(
-    max_examples=max(EXAMPLES // 3, 20), deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+@differential_settings(max(EXAMPLES // 3, 20), large_data=False)
 @given(
     configs().filter(lambda c: c["allocator"]["kind"] == "contiguous"),
     workloads(256, min_count=6),
@@ -168,38 +155,27 @@ def test_contiguous_placement_under_fragmentation_equals_reference(
         "batching": "iteration",
     }
     requests = [replace(r, arrival_time=0.013 * i) for i, r in enumerate(requests)]
-    note(case_source(config, requests))
-    assert_same(config, requests)
+    check_case(config, requests)
 
 
-@settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+@differential_settings(EXAMPLES)
 @given(v1_cases())
 def test_vllm_v1_fast_engine_equals_reference(case):
     """``scheduler.policy: vllm-v1``: token budgets down to one token (prompts chunked over
     many steps), long-prefill thresholds, partial-prefill limits, full-input reservation on
     and off, caches of one or a few requests (recompute preemptions), 1-3 replicas."""
     config, requests = case
-    note(case_source(config, requests))
-    assert_same(config, requests)
+    check_case(config, requests)
 
 
-@settings(
-    max_examples=max(EXAMPLES // 2, 20),
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+@differential_settings(max(EXAMPLES // 2, 20))
 @given(v1_cases(prefix_caching=True))
 def test_vllm_v1_prefix_caching_equals_reference(case):
     """vLLM v1's prefix cache: prefix ids, hash ids and token ids shared by requests, hits on
     blocks in use and in the free queue, lazy evictions, a preempted request hitting its own
     freed blocks."""
     config, requests = case
-    note(case_source(config, requests))
-    assert_same(config, requests)
+    check_case(config, requests)
 
 
 @st.composite
@@ -217,15 +193,12 @@ def token_id_cases(draw) -> tuple[dict, list[Request]]:
     return config, requests
 
 
-@settings(
-    max_examples=max(EXAMPLES // 3, 20), deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+@differential_settings(max(EXAMPLES // 3, 20), large_data=False)
 @given(token_id_cases())
 def test_token_id_prefixes_equal_reference(case):
     """vllm-v0 prefix caching over prompts' token ids: blocks named by their tokens, chained."""
     config, requests = case
-    note(case_source(config, requests))
-    assert_same(config, requests)
+    check_case(config, requests)
 
 
 def test_the_comparison_sees_a_planted_difference(monkeypatch):
@@ -296,33 +269,23 @@ def test_the_v1_comparison_sees_a_planted_difference(monkeypatch):
 
 
 # --- sglang ------------------------------------------------------------------------------------
-@settings(
-    max_examples=2 * EXAMPLES,  # ~10 ms a case: cheap, and most early cases are small
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+@differential_settings(2 * EXAMPLES)  # ~10 ms a case: cheap, and most early cases are small
 @given(sglang_cases())
 def test_sglang_fast_engine_equals_reference(case):
     """``scheduler.policy: sglang``: lpm / dfs-weight / fcfs, lru / lfu / fifo / arc / priority
     eviction, pages of 1, 16 and 64 tokens, chunks from 16 tokens to none, mixed chunks,
     prefix ids, hash ids and token-id prompts sharing unaligned prefixes, 1-3 replicas."""
     config, requests = case
-    note(case_source(config, requests))
-    assert_same(config, requests)
+    check_case(config, requests)
 
 
-@settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+@differential_settings(EXAMPLES)
 @given(sglang_pressure_cases())
 def test_sglang_retraction_under_memory_pressure_equals_reference(case):
     """sglang with everything arriving at once into a cache of a request or two and a low
     reservation ratio: running requests are retracted, recomputed, and hit their own prefix."""
     config, requests = case
-    note(case_source(config, requests))
-    assert_same(config, requests)
+    check_case(config, requests)
 
 
 def test_sglang_cases_retract_hit_and_evict():

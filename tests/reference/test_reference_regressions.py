@@ -234,27 +234,35 @@ def test_calibrated_cost_model_with_samples_under_pressure(block_size, mode):
     assert_same(cfg, requests)
 
 
+def azure_head(kv_cache_gib: int, policy: str, *overrides: str):
+    """The quickstart's first 60 requests (its Azure conversation head) under ``policy`` on a
+    cache of ``kv_cache_gib`` GiB, 32 running at most, recompute preemption, measured over
+    the saturated window; then ``overrides``."""
+    return load("quickstart.yaml", "workload.window.num_requests=60",
+                f"hardware.kv_cache_gib={kv_cache_gib}",
+                "metrics.window=saturated", "scheduler.max_num_seqs=32",
+                f"scheduler.policy={policy}",
+                "preemption.mode=recompute", *overrides)
+
+
+def preempts_mixes_and_agrees(cfg, requests, preempting: str) -> None:
+    """The case preempts (else fail with ``preempting``) and mixes prefill chunks with
+    decodes in a step, and the fast engine equals the reference on it."""
+    result = simulate(cfg, requests)
+    assert result.requests["preemptions"].sum() > 0, preempting
+    mixed = (result.steps["prefill_tokens"] > 0) & (result.steps["decode_tokens"] > 0)
+    assert mixed.any(), "the case must mix prefill chunks with decodes"
+    assert_same(cfg, requests)
+
+
 # --- vllm-v1 -------------------------------------------------------------------------------------
 def test_v1_azure_conversation_head_chunked_under_memory_pressure():
     """The quickstart's Azure conversation head under vllm-v1: a 512-token budget and a
     256-token long-prefill threshold chunk the long prompts into mixed steps, and a 2 GiB
     cache makes running requests preempt (recompute) the most recently admitted."""
-    cfg, requests = load(
-        "quickstart.yaml",
-        "workload.window.num_requests=60",
-        "hardware.kv_cache_gib=2",
-        "metrics.window=saturated",
-        "scheduler.max_num_seqs=32",
-        "scheduler.policy=vllm-v1",
-        "preemption.mode=recompute",
-        "scheduler.max_num_batched_tokens=512",
-        "scheduler.long_prefill_token_threshold=256",
-    )
-    result = simulate(cfg, requests)
-    assert result.requests["preemptions"].sum() > 0, "the case must exercise preemption"
-    mixed = (result.steps["prefill_tokens"] > 0) & (result.steps["decode_tokens"] > 0)
-    assert mixed.any(), "the case must mix prefill chunks with decodes"
-    assert_same(cfg, requests)
+    cfg, requests = azure_head(2, "vllm-v1", "scheduler.max_num_batched_tokens=512",
+                               "scheduler.long_prefill_token_threshold=256")
+    preempts_mixes_and_agrees(cfg, requests, "the case must exercise preemption")
 
 
 def test_v1_mooncake_head_with_prefix_caching():
@@ -343,25 +351,12 @@ def test_sglang_azure_conversation_head_mixed_under_memory_pressure():
     """The quickstart's Azure conversation head under sglang on a 1 GiB cache, a reservation
     ratio of 0.07 (conservativeness 0.1) that admits more than fits, dfs-weight order and
     512-token chunks mixed with the running batch's decodes: a request is retracted."""
-    cfg, requests = load(
-        "quickstart.yaml",
-        "workload.window.num_requests=60",
-        "hardware.kv_cache_gib=1",
-        "metrics.window=saturated",
-        "scheduler.max_num_seqs=32",
-        "scheduler.policy=sglang",
-        "preemption.mode=recompute",
-        "allocator.watermark=0",
-        "scheduler.schedule_conservativeness=0.1",
-        "scheduler.enable_mixed_chunk=true",
-        "scheduler.chunked_prefill_size=512",
-        "scheduler.schedule_policy=dfs-weight",
-    )
-    result = simulate(cfg, requests)
-    assert result.requests["preemptions"].sum() > 0, "the case must retract"
-    mixed = (result.steps["prefill_tokens"] > 0) & (result.steps["decode_tokens"] > 0)
-    assert mixed.any(), "the case must mix prefill chunks with decodes"
-    assert_same(cfg, requests)
+    cfg, requests = azure_head(1, "sglang", "allocator.watermark=0",
+                               "scheduler.schedule_conservativeness=0.1",
+                               "scheduler.enable_mixed_chunk=true",
+                               "scheduler.chunked_prefill_size=512",
+                               "scheduler.schedule_policy=dfs-weight")
+    preempts_mixes_and_agrees(cfg, requests, "the case must retract")
 
 
 def test_sglang_lpm_falls_back_to_arrival_order_while_more_than_128_wait():

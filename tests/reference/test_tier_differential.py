@@ -12,47 +12,26 @@ shape that they load, store, evict and contend, so the comparison is not vacuous
 
 from __future__ import annotations
 
-import os
 import random
 
 import pytest
-from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
-from ref_cases import SLOTS_PER_GIB, base_config, v1_configs, v1_workloads
-from ref_compare import assert_same, case_source, differences
-from test_eviction_differential import reuse_workloads, with_priorities
+from ref_cases import SLOTS_PER_GIB, v1_configs, v1_workloads
+from ref_compare import differences
+from ref_tiers import (
+    BYTES_PER_TOKEN,
+    assert_agree,
+    seeded_tier_case,
+    tier,
+    tier_differential_test,
+    tier_lists,
+    tier_reach,
+)
+from reuse_cases import reuse_workloads, with_priorities
 
+from kvsim.policies.eviction_order import EVICTION_POLICIES as POLICIES
 from kvsim.simulator.config import ExperimentConfig
 from kvsim.simulator.reference import ReferenceSimulation
-
-POLICIES = ("lru", "lfu", "fifo", "arc", "priority")
-WRITES = ("write-through", "write-through-after-hits", "write-back")
-EXAMPLES = {"default": 8, "long": 400}[os.environ.get("KVSIM_HYPOTHESIS_PROFILE", "default")]
-BYTES_PER_TOKEN = 2**30 // SLOTS_PER_GIB  # Llama-2-7B: 0.5 MiB of KV per token
-
-
-def tier(name: str, blocks: int, B: int, eviction: str, write: str, hits: int,
-         gb_s: float, latency_s: float) -> dict:
-    """A tier of exactly ``blocks`` blocks of ``B`` tokens (a dyadic GiB count: no rounding)."""
-    t = {"name": name, "capacity_gib": blocks * B * BYTES_PER_TOKEN / 2**30,
-         "link": {"bandwidth_gb_s": gb_s, "latency_s": latency_s},
-         "eviction_policy": eviction, "write_policy": write}
-    if write == "write-through-after-hits":
-        t["write_after_hits"] = hits
-    return t
-
-
-@st.composite
-def tier_lists(draw, B: int, top_write: str) -> list[dict]:
-    """One or two tiers; the top one with ``top_write``."""
-    tiers = []
-    for i, name in enumerate(["cpu", "disk"][: draw(st.integers(1, 2))]):
-        tiers.append(tier(
-            name, draw(st.sampled_from([0, 1, 2, 4, 8, 16])) * 16 // B, B, draw(st.sampled_from(POLICIES)),
-            top_write if i == 0 else draw(st.sampled_from(WRITES)), draw(st.integers(1, 3)),
-            draw(st.sampled_from([0.25, 1.0, 4.0, 25.6])), draw(st.sampled_from([0.0, 1e-3, 1e-2])),
-        ))
-    return tiers
 
 
 @st.composite
@@ -62,54 +41,29 @@ def tier_cases(draw, top_write: str) -> tuple[dict, list]:
     cfg["hardware"]["kv_cache_gib"] = draw(st.integers(max_len, 3 * max_len)) / SLOTS_PER_GIB
     B = cfg["allocator"]["block_size"] = draw(st.sampled_from([1, 4, 16]))
     cfg["allocator"]["eviction_policy"] = draw(st.sampled_from(POLICIES))
-    cfg["allocator"]["tiers"] = draw(tier_lists(B, top_write))
+    blocks = st.sampled_from([0, 1, 2, 4, 8, 16]).map(lambda n: n * 16 // B)  # 0-256 tokens
+    cfg["allocator"]["tiers"] = draw(tier_lists(B, top_write, blocks, [0.25, 1.0, 4.0, 25.6],
+                                                [0.0, 1e-3, 1e-2]))
     requests = draw(st.one_of(reuse_workloads(max_len), v1_workloads(max_len, max_count=14)))
     return cfg, with_priorities(draw, requests)
 
 
-@pytest.mark.parametrize("write", WRITES)
-@settings(max_examples=EXAMPLES, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(data=st.data())
-def test_fast_engine_equals_reference_with_cache_tiers(write, data):
-    config, requests = data.draw(tier_cases(write))
-    note(case_source(config, requests))
-    assert_same(config, requests)
+test_fast_engine_equals_reference_with_cache_tiers = tier_differential_test(
+    "test_fast_engine_equals_reference_with_cache_tiers", tier_cases)
 
 
 # --- the cases are not vacuous ------------------------------------------------------------------
-def seeded_case(seed: int) -> tuple[dict, list]:
-    """A case of the strategies' shape from ``random.Random(seed)`` (the same cases in every
-    run: a measured count must not move)."""
-    from kvsim.traces import Request
+def v1_settings(rng: random.Random, B: int) -> tuple[dict, dict]:
+    """vllm-v1 with prefix caching, any eviction policy, drawn batch limits."""
+    allocator = {"kind": "paged", "block_size": B, "prefix_caching": True,
+                 "eviction_policy": rng.choice(POLICIES)}
+    return allocator, {"policy": "vllm-v1", "max_num_seqs": rng.choice([2, 4, 256]),
+                       "max_num_batched_tokens": rng.choice([256, 512, 2048])}
 
-    rng = random.Random(seed)
-    B = rng.choice([4, 16])
-    cfg = base_config(256, rng.randint(256, 384), 0)  # one or two prompts: the GPU evicts
-    cfg["allocator"] = {"kind": "paged", "block_size": B, "prefix_caching": True,
-                        "eviction_policy": rng.choice(POLICIES)}
-    cfg["scheduler"] = {"policy": "vllm-v1", "max_num_seqs": rng.choice([2, 4, 256]),
-                        "max_num_batched_tokens": rng.choice([256, 512, 2048])}
-    tiers = []
-    for i, name in enumerate(["cpu", "disk"][: rng.randint(1, 2)]):
-        tiers.append(tier(name, rng.choice([4, 8, 16, 32]) * 16 // B, B, rng.choice(POLICIES),
-                          WRITES[seed % 3] if i == 0 else rng.choice(WRITES), rng.randint(1, 2),
-                          rng.choice([0.25, 1.0, 4.0]), rng.choice([0.0, 1e-3])))
-    cfg["allocator"]["tiers"] = tiers
-    requests, t = [], 0.0
-    for i in range(rng.randint(16, 24)):
-        t += rng.choice([0.0, 0.011, 0.07, 0.3])
-        prompt, output, p = rng.randint(33, 128), rng.randint(1, 24), rng.randint(0, 2)
-        if rng.random() < 0.5:
-            shared = min(rng.choice([16, 32, 48, prompt]), prompt)
-            requests.append(Request(i, round(t, 6), prompt, output, prefix_id=f"p{p}",
-                                    prefix_tokens=shared, priority=rng.randint(0, 2)))
-        else:
-            blocks = -(-prompt // 16)
-            requests.append(Request(i, round(t, 6), prompt, output, hash_block_tokens=16,
-                                    hash_ids=tuple(range(10 * p, 10 * p + blocks)),
-                                    priority=rng.randint(0, 2)))
-    return cfg, requests
+
+def seeded_case(seed: int) -> tuple[dict, list]:
+    """A case of the strategies' shape from ``random.Random(seed)``."""
+    return seeded_tier_case(seed, [4, 16], v1_settings)
 
 
 def test_the_cases_load_and_evict():
@@ -119,34 +73,11 @@ def test_the_cases_load_and_evict():
     (loads and stores contend). Measured (cases): loading 17, from the second tier 2, waiting
     (a load before the first token) 16, tiers evicting 26, a transfer waiting for its link
     23; loading per top-tier write policy: write-through 7, after hits 2, write-back 8."""
-    loading = second = waiting = evicting = contended = 0
-    per_write = dict.fromkeys(WRITES, 0)
-    disagree = {}
-    for seed in range(30):
-        config, requests = seeded_case(seed)
-        if diffs := differences(config, requests):
-            disagree[seed] = (diffs[:3], case_source(config, requests))
-        cfg = ExperimentConfig.model_validate(config)
-        sim = ReferenceSimulation(cfg, requests)
-        ref = sim.run()
-        stats = ref.tier_stats
-        loads = sum(s["hit_blocks"] for s in stats.values())
-        loading += loads > 0
-        per_write[WRITES[seed % 3]] += loads > 0
-        second += stats.get("disk", {}).get("hit_blocks", 0) > 0
-        waiting += (ref.requests["load_wait_s"] > 0).any()
-        evicting += sum(s["evictions"] for s in stats.values()) > 0
-        contended += sum(sum(r.tiers.queued) for r in sim.replicas) > 0
-        for replica in sim.replicas:  # the books balance at the end
-            replica.alloc.check()
-            for t in replica.tiers.tiers:
-                t.check()
-        assert ref.requests["loaded_tokens"].sum() == sum(s["loaded_tokens"] for s in stats.values())
-    assert (loading >= 14 and second >= 1 and waiting >= 12 and evicting >= 20 and contended >= 10), (
-        loading, second, waiting, evicting, contended)
-    assert min(per_write.values()) >= 1 and sum(per_write.values()) == loading, per_write
-    first = next(iter(disagree.values()), None)
-    assert not disagree, f"the engines disagree on seeds {sorted(disagree)}: {first}"
+    r = tier_reach(seeded_case, 30)
+    assert (r.loading >= 14 and r.second >= 1 and r.waiting >= 12 and r.evicting >= 20
+            and r.contended >= 10), (r.loading, r.second, r.waiting, r.evicting, r.contended)
+    assert min(r.per_write.values()) >= 1 and sum(r.per_write.values()) == r.loading, r.per_write
+    assert_agree(r)
 
 
 # --- hand-worked cases: the reference's own rules -----------------------------------------------

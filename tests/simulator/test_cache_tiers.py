@@ -10,10 +10,10 @@ import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tier_cases import multi_turn_config, run_steps, tier_stack
 
-from kvsim.policies.cache_tier import CacheTier
 from kvsim.policies.v1_prefix_cache import V1PrefixCacheAllocator
-from kvsim.simulator.cache_tiers import Level, TierLink, TierStack, chain_parents
+from kvsim.simulator.cache_tiers import TierLink, TierStack, chain_parents
 from kvsim.simulator.config import ConfigError, load_config
 from kvsim.simulator.runner import run_experiment
 from kvsim.simulator.scheduler import SchedulerSettings
@@ -25,8 +25,7 @@ B = 4
 
 def stack(*levels: tuple[int, str, int, str], block_bytes: float = 100.0) -> TierStack:
     """Tiers of (capacity blocks, write policy, after-hits N, eviction), links of 1000 B/s and 1 s latency."""
-    return TierStack([Level(CacheTier(f"t{i}", cap, ev), TierLink(1000.0, 1.0), write, n)
-                      for i, (cap, write, n, ev) in enumerate(levels)], B, block_bytes)
+    return tier_stack(*levels, block_tokens=B, block_bytes=block_bytes)
 
 
 # --- the link ---------------------------------------------------------------------------------
@@ -101,23 +100,6 @@ def v1(capacity_blocks: int, tiers: TierStack) -> tuple[SchedulerV1, list]:
     return sched, ended
 
 
-def run_steps(s: SchedulerV1, pending: list[Request], steps: int = 400) -> None:
-    """One step per second; loads end when their time has come; books checked every step."""
-    for t in range(steps):
-        s.finish_loads(float(t))
-        for r in [r for r in pending if r.arrival_time <= t]:
-            s.add(r, float(t))
-            pending.remove(r)
-        x = s.schedule(float(t))
-        if not x.empty:
-            s.complete(x, float(t + 1))
-        s.alloc.check()
-        for level in s.tiers.levels:
-            level.tier.check()
-        if not pending and not s.has_work:
-            return
-
-
 def test_an_evicted_prefix_comes_back_from_the_cpu_tier():
     """Request 0 computes a 16-token prefix (4 blocks of 4), written through to the CPU (link:
     1 s + 1 s per block) from t=1 to 6; request 1 (another prefix) evicts all of it from a
@@ -128,7 +110,7 @@ def test_an_evicted_prefix_comes_back_from_the_cpu_tier():
     reqs = [Request(0, 0.0, 17, 1, prefix_id="p0", prefix_tokens=16),
             Request(1, 5.0, 17, 1, prefix_id="p1", prefix_tokens=16),
             Request(2, 10.0, 13, 1, prefix_id="p0", prefix_tokens=12)]
-    run_steps(s, reqs)
+    run_steps(s, reqs, 400)
     g = {g.request.request_id: g for g in ended}[2]
     assert g.loaded_tokens == 12 and g.load_wait == 5.0  # queued 1 s behind request 1's store
     assert g.first_scheduled == 15.0 and g.cached_tokens == 12  # back from the load: a GPU hit
@@ -151,39 +133,22 @@ def test_books_balance_after_every_step_with_tiers(write, policy, capacity, cpu,
     pending = [Request(i, float(t), 16 + own, out, prefix_id=f"p{p}", prefix_tokens=16, priority=prio)
                for i, (p, own, out, prio, t) in enumerate(reqs)]
     n = len(pending)
-    run_steps(s, pending)
+    run_steps(s, pending, 400)
     assert not pending and not s.has_work and len(ended) == n
 
 
 # --- end to end ------------------------------------------------------------------------------
-CONFIG = """
-name: tiers
-seed: 1
-model: {{name: llama-3-8b}}
-hardware: {{gpu: h100-sxm, num_gpu_blocks: 300}}
-workload:
-  multi_turn:
-    conversations: 40
-    conversation_rate: 4.0
-    turns: {{min: 2, max: 5}}
-    system_prompt_tokens: 300
-    user_tokens: {{min: 20, max: 100}}
-    output_tokens: {{min: 20, max: 100}}
-    think_time_s: 2.0
-allocator:
-  kind: paged
-  block_size: 16
-  prefix_caching: true
-  tiers: {tiers}
-scheduler: {{policy: vllm-v1, max_num_seqs: 64, max_num_batched_tokens: 2048}}
-engine: {{macro_steps: {macro}}}
-metrics: {{step_table: false}}
-"""
+def config(tiers: str, macro: bool = True, policy: str = "vllm-v1") -> str:
+    """40 conversations from 300 GPU blocks under ``policy`` with ``tiers`` (YAML flow text)."""
+    return multi_turn_config(
+        name="tiers", hardware="num_gpu_blocks: 300", conversations=40, max_turns=5,
+        scheduler=f"{{policy: {policy}, max_num_seqs: 64, max_num_batched_tokens: 2048}}",
+        tiers=tiers, prefix_caching=True, macro_steps=macro)
 
 
 def run(tmp_path: Path, tiers: str, macro: bool = True):
     p = tmp_path / f"c{hash((tiers, macro)) & 0xffff}.yaml"
-    p.write_text(CONFIG.format(tiers=tiers, macro=str(macro).lower()))
+    p.write_text(config(tiers, macro))
     return run_experiment(*load_config(p))
 
 
@@ -209,9 +174,9 @@ def test_a_cpu_tier_loads_instead_of_recomputing_and_macro_steps_change_nothing(
 
 def test_tiers_are_a_config_error_outside_vllm_v1(tmp_path):
     p = tmp_path / "c.yaml"
-    p.write_text(CONFIG.format(tiers="[{name: cpu, capacity_gib: 1}]", macro="true").replace("vllm-v1", "vllm-v0"))
+    p.write_text(config("[{name: cpu, capacity_gib: 1}]", policy="vllm-v0"))
     with pytest.raises(ConfigError, match="vllm-v1 only"):
         load_config(p)
-    p.write_text(CONFIG.format(tiers="[{name: cpu, capacity_gib: 1, write_after_hits: 2}]", macro="true"))
+    p.write_text(config("[{name: cpu, capacity_gib: 1, write_after_hits: 2}]"))
     with pytest.raises(ConfigError, match="write_after_hits"):
         load_config(p)

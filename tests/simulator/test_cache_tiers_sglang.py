@@ -9,10 +9,10 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tier_cases import multi_turn_config, run_steps, tier_stack
 
-from kvsim.policies.cache_tier import CacheTier
 from kvsim.policies.radix_cache import PageChain, RadixCacheAllocator, request_tokens
-from kvsim.simulator.cache_tiers import Level, TierLink, TierStack
+from kvsim.simulator.cache_tiers import TierStack
 from kvsim.simulator.config import load_config
 from kvsim.simulator.runner import run_experiment
 from kvsim.simulator.scheduler_sglang import SchedulerSGLang, SGLangSettings
@@ -24,8 +24,7 @@ P = 4  # tokens per page
 def stack(*levels: tuple[int, str, int, str]) -> TierStack:
     """Tiers of (capacity pages, write policy, after-hits N, eviction); links of 1000 B/s and
     1 s per transfer, pages of 1000 bytes: k pages take 1 + k seconds."""
-    return TierStack([Level(CacheTier(f"t{i}", cap, ev), TierLink(1000.0, 1.0), write, n)
-                      for i, (cap, write, n, ev) in enumerate(levels)], P, 1000.0)
+    return tier_stack(*levels, block_tokens=P, block_bytes=1000.0)
 
 
 def sglang(capacity: int, tiers: TierStack, **knobs) -> tuple[SchedulerSGLang, list]:
@@ -33,24 +32,6 @@ def sglang(capacity: int, tiers: TierStack, **knobs) -> tuple[SchedulerSGLang, l
     alloc = RadixCacheAllocator(capacity, P, knobs.pop("eviction", "lru"))
     settings_ = SGLangSettings(max_seq_len=1024, watermark=0, max_num_batched_tokens=256, **knobs)
     return SchedulerSGLang(alloc, settings_, ended.append, tiers), ended
-
-
-def run_steps(s: SchedulerSGLang, pending: list[Request], steps: int = 600) -> None:
-    """One step per second; loads end when their time has come; books checked every step."""
-    for t in range(steps):
-        s.finish_loads(float(t))
-        for r in [r for r in pending if r.arrival_time <= t]:
-            s.add(r, float(t))
-            pending.remove(r)
-        x = s.schedule(float(t))
-        if not x.empty:
-            s.complete(x, float(t + 1))
-        s.alloc.check()
-        for level in s.tiers.levels:
-            level.tier.check()
-        if not pending and not s.has_work:
-            return
-    raise AssertionError("the requests did not all end")
 
 
 # --- page names ---------------------------------------------------------------------------------
@@ -74,14 +55,20 @@ def three_requests() -> list[Request]:
             Request(2, 10.0, 13, 1, prefix_id="p0", prefix_tokens=12)]
 
 
+def third_of_three(level: tuple[int, str, int, str]):
+    """``three_requests`` through a 20-page tree over one tier ``level`` (as ``stack``'s):
+    the tiers, the scheduler, and the third request's ended group."""
+    tiers = stack(level)
+    s, ended = sglang(20, tiers)
+    run_steps(s, three_requests())
+    return tiers, s, {g.request.request_id: g for g in ended}[2]
+
+
 def test_write_through_the_third_request_loads_its_prefix_from_the_tier():
     """p0's 4 pages are written through at 1 (ready at 6), p1's at 6 (the link is busy until
     11). Request 2 loads 3 pages, queued behind p1's store: from 11 to 15 (1 + 3 s). At 15
     its pages join the tree; it is admitted with a 12-token hit that counts no lookup again."""
-    tiers = stack((100, "write-through", 0, "lru"))
-    s, ended = sglang(20, tiers)
-    run_steps(s, three_requests())
-    g = {g.request.request_id: g for g in ended}[2]
+    tiers, s, g = third_of_three((100, "write-through", 0, "lru"))
     assert (g.loaded_tokens, g.load_wait, g.first_scheduled, g.cached_tokens) == (12, 5.0, 15.0, 12)
     t0 = tiers.stats()["t0"]
     assert (t0["hit_blocks"], t0["stored_blocks"], t0["evictions"]) == (3, 8, 0)
@@ -109,10 +96,7 @@ def test_write_back_stores_what_the_tree_evicts_after_the_loads_of_that_scheduli
     """p0 is evicted (and written back: 1 + 4 s) when request 1 is admitted at 5, so it is
     ready at 10; request 2's load at 10 evicts p1, whose store goes out after the load: the
     load runs 10 to 14, the store 14 to 19."""
-    tiers = stack((100, "write-back", 0, "lru"))
-    s, ended = sglang(20, tiers)
-    run_steps(s, three_requests())
-    g = {g.request.request_id: g for g in ended}[2]
+    tiers, s, g = third_of_three((100, "write-back", 0, "lru"))
     assert (g.loaded_tokens, g.load_wait, g.first_scheduled) == (12, 4.0, 14.0)
     t0 = tiers.stats()["t0"]
     assert (t0["hit_blocks"], t0["stored_blocks"]) == (3, 8)
@@ -126,10 +110,7 @@ def test_a_full_tier_evicts_and_the_prefix_is_computed_again():
     """A tier of 4 pages: storing p1's pages evicts p0's (lru), so request 2 finds nothing
     below the tree and computes its prompt; its 3 pages are written through in turn, evicting
     3 of p1's."""
-    tiers = stack((4, "write-through", 0, "lru"))
-    s, ended = sglang(20, tiers)
-    run_steps(s, three_requests())
-    g = {g.request.request_id: g for g in ended}[2]
+    tiers, s, g = third_of_three((4, "write-through", 0, "lru"))
     assert (g.loaded_tokens, g.load_wait, g.cached_tokens, g.first_scheduled) == (0, 0.0, 0, 10.0)
     t0 = tiers.stats()["t0"]
     assert (t0["stored_blocks"], t0["evictions"], t0["hit_blocks"]) == (4 + 4 + 3, 4 + 3, 0)
@@ -183,32 +164,11 @@ def test_books_balance_after_every_step_with_tiers(write, policy, queue, capacit
 
 
 # --- from a config ------------------------------------------------------------------------------
-CONFIG = """
-name: tiers-sglang
-seed: 1
-model: {{name: llama-3-8b}}
-hardware: {{gpu: h100-sxm, kv_cache_gib: 0.5}}
-workload:
-  multi_turn:
-    conversations: 30
-    conversation_rate: 4.0
-    turns: {{min: 2, max: 4}}
-    system_prompt_tokens: 300
-    user_tokens: {{min: 20, max: 100}}
-    output_tokens: {{min: 20, max: 100}}
-    think_time_s: 2.0
-allocator:
-  kind: paged
-  block_size: 16
-  tiers: {tiers}
-scheduler: {{policy: sglang, max_num_seqs: 64}}
-metrics: {{step_table: false}}
-"""
-
-
 def test_a_cpu_tier_under_sglang_loads_from_a_config(tmp_path: Path):
     p = tmp_path / "c.yaml"
-    p.write_text(CONFIG.format(tiers="[{name: cpu, capacity_gib: 2}]"))
+    p.write_text(multi_turn_config(
+        name="tiers-sglang", hardware="kv_cache_gib: 0.5", conversations=30, max_turns=4,
+        scheduler="{policy: sglang, max_num_seqs: 64}", tiers="[{name: cpu, capacity_gib: 2}]"))
     run = run_experiment(*load_config(p))
     assert run.summary["tier_cpu_hit_blocks"] > 0 and run.summary["mean_ttft_load_ms"] > 0
     assert run.summary["tier_cpu_loaded_tokens"] == run.requests["loaded_tokens"].sum()

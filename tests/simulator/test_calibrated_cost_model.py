@@ -13,7 +13,7 @@ import yaml
 
 from kvsim.gpu_validation.synthetic_profile import EXAMPLE_PATH
 from kvsim.simulator.cost_model import GPUS, MODELS, BatchShape, RooflineCostModel, RooflineParams
-from kvsim.simulator.cost_model.base import causal_attention_pairs
+from kvsim.simulator.cost_model.base import Deployment, causal_attention_pairs
 from kvsim.simulator.cost_model.calibrated import CalibratedCostModel, load_profile_for
 from kvsim.simulator.cost_model.calibration_profile import ProfileError, read_profile, write_profile
 from kvsim.simulator.cost_model.gemm_shapes import layer_gemms
@@ -41,9 +41,8 @@ def profile():
 
 
 def model(profile, name="llama-3-8b", tp=1, block_size=16, kernel="paged", **kw):
-    return CalibratedCostModel(
-        profile, MODELS[name], GPUS["a100-80gb"], tp, block_size, kernel, params=NO_OVERHEAD, **kw
-    )
+    deployment = Deployment(MODELS[name], GPUS["a100-80gb"], tp, block_size, kernel)
+    return CalibratedCostModel(profile, deployment, params=NO_OVERHEAD, **kw)
 
 
 def test_decode_step_equals_profile_formulas(profile):
@@ -86,7 +85,7 @@ def test_tensor_parallel_shapes_and_allreduce(profile):
 
 def test_decode_coefficients_reproduce_step_time(profile):
     for kernel, bs in (("paged", 16), ("paged", 1), ("contiguous", 1)):
-        cost = CalibratedCostModel(profile, MODELS["llama-2-13b"], GPUS["a100-80gb"], 1, bs, kernel)
+        cost = CalibratedCostModel(profile, Deployment(MODELS["llama-2-13b"], GPUS["a100-80gb"], 1, bs, kernel))
         for n, ctx in [(1, 10), (64, 64 * 900), (200, 200 * 3000)]:
             a, b = cost.decode_coefficients(n)
             assert a + b * ctx == pytest.approx(

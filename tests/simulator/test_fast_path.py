@@ -103,7 +103,7 @@ def steady_decode(macro: bool, outputs=(300, 300)):
     steps = StepLog(keep_rows=True)
     fast = FastPath(SimpleNamespace(index=0, scheduler=sched), cost, steps, Lookahead(), macro_steps=macro)
     prefill = sched.schedule(0.0)
-    done = fast.apply(fast.plan(prefill, 0.0, cost.step_time(prefill.shape), 0.0))
+    done = fast.run(prefill, 0.0, cost.step_time(prefill.shape), 0.0)
     done.complete(sched, done.end)
     return sched, cost, fast, steps, sched.schedule(done.end), done.end, ended
 
@@ -112,14 +112,14 @@ def test_without_macro_steps_every_step_is_planned_alone():
     sched, cost, fast, steps, step, now, _ = steady_decode(macro=False)
     run = fast.plan(step, now, cost.step_time(step.shape), 0.0)
     assert run.weights is None
-    done = fast.apply(run)
+    done = fast.run(step, now, cost.step_time(step.shape), 0.0)
     assert done.step is step and done.rest is None
     assert steps.frame()["iterations"].tolist() == [1, 1]
 
 
 def test_with_nothing_waiting_a_run_goes_past_finishes_and_retires_them_in_one_row():
     sched, cost, fast, steps, step, now, ended = steady_decode(macro=True, outputs=(300, 500))
-    done = fast.apply(fast.plan(step, now, cost.step_time(step.shape), 0.0))
+    done = fast.run(step, now, cost.step_time(step.shape), 0.0)
     assert done.step is None and done.rest is None  # all of it completed on the way
     assert [g.request.request_id for g in ended] == [0, 1] and not sched.running
     row = steps.frame().iloc[-1]
@@ -133,14 +133,48 @@ def test_a_run_stops_at_the_next_arrival_and_leaves_its_last_part_to_complete():
     sched, cost, fast, steps, step, now, ended = steady_decode(macro=True, outputs=(300, 500))
     fast.lookahead.next_arrival = now + 0.5
     run = fast.plan(step, now, cost.step_time(step.shape), 0.0)
-    done = fast.apply(run)
-    assert done.step is step and done.rest is run.weights  # nothing finished before the arrival
+    done = fast.run(step, now, cost.step_time(step.shape), 0.0)
+    assert done.step is step and done.rest == run.weights  # nothing finished before the arrival
     a, b = cost.decode_coefficients(2)
     assert now + 0.5 <= done.end < now + 0.5 + a + b * 2 * 600  # the first boundary at or after it
     assert not ended
     done.complete(sched, done.end)
     iterations = steps.frame()["iterations"].iloc[-1]
     assert [g.generated for g in sched.running] == [1 + iterations] * 2  # the prefill's token, then the run's
+
+
+@pytest.mark.parametrize("macro", [True, False])
+@pytest.mark.parametrize("arrival", [INF, 0.5, 0.0])
+@pytest.mark.parametrize("edge", [None, 0.3])
+def test_run_applies_what_plan_shows(macro, arrival, edge):
+    """``plan`` (a look, applying nothing) and ``run`` (the engine's call) agree: a step
+    planned alone is one row ending after its compute; a planned run is applied whole, and
+    when nothing was completed on the way its rest is exactly the planned iterations."""
+    sched, cost, fast, steps, step, now, ended = steady_decode(macro, outputs=(300, 500, 40))
+    fast.lookahead.next_arrival = now + arrival
+    if edge is not None:
+        fast.lookahead.edges = (now + edge,)
+    runs = 0
+    while sched.has_work:
+        compute = cost.step_time(step.shape)
+        planned = fast.plan(step, now, compute, 0.0)
+        done = fast.run(step, now, compute, 0.0)
+        iterations = steps.frame()["iterations"].iloc[-1]
+        if planned.weights is None:
+            assert (done.end, done.step, done.rest, iterations) == (now + compute, step, None, 1)
+        else:
+            runs += 1
+            assert iterations >= 1 + planned.weights.steps
+            planned_end = now + compute + planned.weights.total
+            if planned_end >= planned.edge:  # the window's edge ends the run: nothing goes on past it
+                assert done.end == planned_end and iterations == 1 + planned.weights.steps
+            if done.step is step:
+                assert done.rest == planned.weights and iterations == 1 + planned.weights.steps
+        done.complete(sched, done.end)
+        now = done.end
+        step = sched.schedule(now)
+    assert len(ended) == 3  # every request ended
+    assert (runs > 0) == (macro and arrival > 0)  # an arrival due now cuts every run before it starts
 
 
 # --- the engine stays the story -------------------------------------------------------------

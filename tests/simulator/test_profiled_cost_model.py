@@ -16,11 +16,12 @@ from collections import defaultdict
 import numpy as np
 import pytest
 import yaml
+from run_configs import sharegpt_config
 
 from kvsim.policies.paged_allocator import PagedAllocator
 from kvsim.simulator.config import ConfigError, validate_config
 from kvsim.simulator.cost_model import GPUS, MODELS, BatchShape
-from kvsim.simulator.cost_model.base import causal_attention_pairs
+from kvsim.simulator.cost_model.base import Deployment, causal_attention_pairs
 from kvsim.simulator.cost_model.operator_profile import (
     PROFILES_DIR,
     AttentionGrid,
@@ -79,7 +80,7 @@ def profile():
 
 
 def model(profile, tp=1, gpu="rtx4090", **kw):
-    return ProfiledCostModel(profile, MODELS["llama-3.1-8b"], GPUS[gpu], tp, **kw)
+    return ProfiledCostModel(profile, Deployment(MODELS["llama-3.1-8b"], GPUS[gpu], tp), **kw)
 
 
 # --- grid points: decode-only, prefill-only, mixed ------------------------------------------
@@ -562,21 +563,14 @@ def test_tensor_parallel_from_tp1_tables_adds_the_all_reduces(profile):
 
 def test_a_profile_of_other_shapes_is_refused(profile):
     with pytest.raises(OperatorProfileError, match="llama-2-7b|Llama-2-7B"):
-        ProfiledCostModel(profile, MODELS["llama-2-7b"], GPUS["rtx4090"])
-    ProfiledCostModel(profile, MODELS["llama-3-8b"], GPUS["rtx4090"])  # same shapes: accepted
+        ProfiledCostModel(profile, Deployment(MODELS["llama-2-7b"], GPUS["rtx4090"]))
+    ProfiledCostModel(profile, Deployment(MODELS["llama-3-8b"], GPUS["rtx4090"]))  # same shapes: accepted
 
 
 def config(tmp_path, **cost):
-    return {
-        "name": "profiled",
-        "model": {"name": "llama-3.1-8b", "context_len_tokens": 4096},
-        "hardware": {"gpu": "rtx4090"},
-        "workload": {"arrivals": {"kind": "poisson", "rate": 6.0},
-                     "lengths": {"kind": "preset", "name": "sharegpt-paper"}, "num_requests": 120},
-        "scheduler": {"max_num_batched_tokens": 4096},
-        "cost_model": {"kind": "profiled", "profile": NAME, **cost},
-        "output_dir": str(tmp_path),
-    }
+    return sharegpt_config(tmp_path, name="profiled", model="llama-3.1-8b", gpu="rtx4090", rate=6.0,
+                           num_requests=120, scheduler={"max_num_batched_tokens": 4096},
+                           cost_model={"kind": "profiled", "profile": NAME, **cost})
 
 
 def test_run_experiment_with_kind_profiled(tmp_path):

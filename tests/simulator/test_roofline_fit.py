@@ -6,6 +6,7 @@ import dataclasses
 import numpy as np
 import pytest
 import yaml
+from run_configs import sharegpt_config
 
 from kvsim.simulator.config import ConfigError, load_config, validate_config
 from kvsim.simulator.cost_model import GPUS, MODELS
@@ -181,15 +182,8 @@ def test_fit_refuses_nothing_and_mixed_block_sizes(rtx4090):
 
 # --- selecting a preset -------------------------------------------------------------------
 def raw_config(tmp_path, **cost):
-    return {
-        "name": "preset",
-        "model": {"name": "llama-3.1-8b", "context_len_tokens": 4096},
-        "hardware": {"gpu": "rtx4090"},
-        "workload": {"arrivals": {"kind": "poisson", "rate": 2.0},
-                     "lengths": {"kind": "preset", "name": "sharegpt-paper"}, "num_requests": 10},
-        "cost_model": cost,
-        "output_dir": str(tmp_path),
-    }
+    return sharegpt_config(tmp_path, name="preset", model="llama-3.1-8b", gpu="rtx4090", rate=2.0,
+                           num_requests=10, cost_model=cost)
 
 
 def test_a_config_selects_a_preset(tmp_path):

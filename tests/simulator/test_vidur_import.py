@@ -9,11 +9,12 @@ import warnings
 
 import pytest
 import yaml
+from run_configs import sharegpt_config
 
 from kvsim.policies.paged_allocator import PagedAllocator
 from kvsim.simulator.cli import main as kvsim
 from kvsim.simulator.cost_model import GPUS, MODELS, BatchShape
-from kvsim.simulator.cost_model.base import causal_attention_pairs
+from kvsim.simulator.cost_model.base import Deployment, causal_attention_pairs
 from kvsim.simulator.cost_model.operator_profile import PROFILES_DIR, read_operator_profile
 from kvsim.simulator.cost_model.profiled import (
     ProfiledCostModel,
@@ -74,7 +75,7 @@ def profile():
 
 
 def model(profile):
-    return ProfiledCostModel(profile, MODELS["llama-3-8b"], GPUS["a100-80gb"])
+    return ProfiledCostModel(profile, Deployment(MODELS["llama-3-8b"], GPUS["a100-80gb"]))
 
 
 # --- the converter ------------------------------------------------------------------------------
@@ -234,16 +235,9 @@ def test_run_experiment_with_the_a100_profile(tmp_path):
     from kvsim.simulator.config import validate_config
     from kvsim.simulator.runner import run_experiment
 
-    cfg = validate_config({
-        "name": "vidur-a100",
-        "model": {"name": "llama-3-8b", "context_len_tokens": 4096},
-        "hardware": {"gpu": "a100-80gb"},
-        "workload": {"arrivals": {"kind": "poisson", "rate": 4.0},
-                     "lengths": {"kind": "preset", "name": "sharegpt-paper"}, "num_requests": 40},
-        "scheduler": {"max_num_batched_tokens": 4096},
-        "cost_model": {"kind": "profiled", "profile": NAME},
-        "output_dir": str(tmp_path),
-    })
+    cfg = validate_config(sharegpt_config(
+        tmp_path, name="vidur-a100", model="llama-3-8b", gpu="a100-80gb", rate=4.0, num_requests=40,
+        scheduler={"max_num_batched_tokens": 4096}, cost_model={"kind": "profiled", "profile": NAME}))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ProfileExtrapolationWarning)
         result = run_experiment(cfg)
