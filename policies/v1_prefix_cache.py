@@ -93,6 +93,12 @@ def block_identities(keys: list[int], request_id: int, start: int, stop: int) ->
     return chain(named, (("u", request_id, i) for i in range(start + len(named), stop)))
 
 
+def identity_before(keys: list[int], request_id: int, start: int) -> Hashable | None:
+    """What block ``start - 1`` of a request holds: the parent of block ``start`` (None for
+    the first block)."""
+    return next(block_identities(keys, request_id, start - 1, start)) if start else None
+
+
 class V1PrefixCacheAllocator(PagedAllocator):
     """``num_blocks`` GPU blocks of ``block_size`` slots, vLLM v1's free queue and prefix
     cache; driven by :class:`simulator.scheduler_v1.SchedulerV1` (``open_seq``,
@@ -195,8 +201,7 @@ class V1PrefixCacheAllocator(PagedAllocator):
         table, cached, key_of = self._tables[seq_id], self._cached, self._key_of
         new = list(block_identities(keys, rid, start, full))  # distinct: one chain's positions
         if self.on_evict is not None:
-            self._remember(new, next(block_identities(keys, rid, start - 1, start)) if start else None,
-                           self._priority[seq_id])
+            self._remember(new, identity_before(keys, rid, start), self._priority[seq_id])
         shared = min(full, len(keys)) - start  # leading keys of the run that are ints
         blocks = table[start:start + shared]
         if shared > 0 and cached.put_ints(new[:shared], blocks):  # the usual case: none cached yet

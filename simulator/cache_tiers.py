@@ -131,6 +131,16 @@ class TierStack:
         self._hits: list[dict[Key, int]] = [{} for _ in levels]  # uses of a key in the tier above, per tier
         self._pending = [Batch.empty() for _ in levels]  # the scheduling batch being collected, per tier
 
+    @property
+    def stores_gpu_evictions(self) -> bool:
+        """Does the top tier store what the GPU evicts (write-back)?"""
+        return self.levels[0].write == "write-back"
+
+    @property
+    def counts_gpu_hits(self) -> bool:
+        """Does the top tier store a block at its N-th GPU hit (write-through-after-hits)?"""
+        return self.levels[0].write == "write-through-after-hits"
+
     # --- loads -----------------------------------------------------------------------------
     def lookup(self, keys: Sequence[Key], now: float) -> list[int]:
         """Which tier provides each of ``keys`` from the first, up to the first that no tier
@@ -169,7 +179,7 @@ class TierStack:
 
     def gpu_evicted(self, keys: Sequence[Key], parents: Sequence[Parent], priorities: Sequence[int]) -> None:
         """The GPU evicted ``keys`` (cached free blocks taken for reuse)."""
-        if self.levels[0].write == "write-back":
+        if self.stores_gpu_evictions:
             self._pending[0].add(keys, parents, priorities)
 
     def flush_scheduling(self, now: float) -> None:

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 
 from kvsim.policies.kv_allocator import Admission, RunWeights
 from kvsim.policies.paged_allocator import PagedAllocator, blocks_for
-from kvsim.policies.v1_prefix_cache import V1PrefixCacheAllocator, block_identities
+from kvsim.policies.v1_prefix_cache import V1PrefixCacheAllocator, block_identities, identity_before
 from kvsim.simulator.cache_tiers import TierStack, chain_parents
 from kvsim.simulator.cost_model.base import causal_attention_pairs
 from kvsim.simulator.decoding import prefix_contents
@@ -101,14 +101,13 @@ class SchedulerV1:
         self.tiers = tiers
         self.loading: list[tuple[float, int, SequenceGroup, float, list, object]] = []
         self.on_load: Callable[[float], None] | None = None  # the engine's wake-up at a load's end
-        if tiers is not None:
-            if self.cache is None:
-                raise ValueError("cache tiers need the v1 prefix cache (allocator.prefix_caching: true)")
-            if tiers.levels[0].write == "write-back":
-                self.cache.on_evict = tiers.gpu_evicted
         # Write-back sends each step's GPU evictions as one batch when it is scheduled, so
         # decode steps (which may evict) are not run together in closed form.
-        self._writes_back = tiers is not None and tiers.levels[0].write == "write-back"
+        self._writes_back = tiers is not None and tiers.stores_gpu_evictions
+        if tiers is not None and self.cache is None:
+            raise ValueError("cache tiers need the v1 prefix cache (allocator.prefix_caching: true)")
+        if self._writes_back:
+            self.cache.on_evict = tiers.gpu_evicted
 
     # --- arrivals --------------------------------------------------------------------
     def add(self, request: Request, now: float) -> SequenceGroup:
@@ -314,7 +313,7 @@ class SchedulerV1:
             self._count_gpu_hits(g, h)
         cache.start_load(s, hits, len(found), prio)
         keys = list(block_identities(g.prefix, rid, h, h + len(found)))
-        parent = next(block_identities(g.prefix, rid, h - 1, h)) if h else None
+        parent = identity_before(g.prefix, rid, h)
         done = tiers.start_load(keys, found, self.now, prio)
         heapq.heappush(self.loading, (done, s, g, self.now, keys, parent))
         if self.on_load is not None:
@@ -322,7 +321,7 @@ class SchedulerV1:
 
     def _count_gpu_hits(self, g: SequenceGroup, h: int) -> None:
         """Tell the tiers which GPU cached blocks ``g`` hit (write-through-after-hits counts them)."""
-        if self.tiers.levels[0].write == "write-through-after-hits":
+        if self.tiers.counts_gpu_hits:
             keys = list(block_identities(g.prefix, g.request.request_id, 0, h))
             self.tiers.gpu_hits(keys, chain_parents(keys, None), g.request.priority)
 
@@ -333,10 +332,7 @@ class SchedulerV1:
         while self.loading and self.loading[0][0] <= now:
             done, s, g, start, keys, parent = heapq.heappop(self.loading)
             self.cache.finish_load(s, keys, parent, g.request.priority)
-            g.loaded_tokens += len(keys) * B
-            if g.first_token is None:
-                g.load_wait += done - start
-            g.after_load = True
+            g.back_from_load(len(keys) * B, start, done)
             self.waiting.appendleft(g)
 
     # --- preemption --------------------------------------------------------------------
@@ -457,7 +453,7 @@ class SchedulerV1:
         if stop > start:
             rid = g.request.request_id
             keys = list(block_identities(g.prefix, rid, start, stop))
-            parent = next(block_identities(g.prefix, rid, start - 1, start)) if start else None
+            parent = identity_before(g.prefix, rid, start)
             stores[0].extend(keys)
             stores[1].extend(chain_parents(keys, parent))
             stores[2].extend([g.request.priority] * len(keys))

@@ -71,6 +71,15 @@ class SequenceGroup:
     load_wait: float = 0.0  # seconds spent loading before the first token (TTFT's load part)
     after_load: bool = False  # back from a load: its next admission counts no lookups or hits
 
+    def back_from_load(self, tokens: int, start: float, done: float) -> None:
+        """A load of ``tokens`` from a cache tier, from ``start`` to ``done`` (s), ended: it
+        counts toward TTFT's load part if no token came yet, and the next admission counts
+        no lookups or hits (they were counted when the load started)."""
+        self.loaded_tokens += tokens
+        if self.first_token is None:
+            self.load_wait += done - start
+        self.after_load = True
+
     @property
     def generated(self) -> int:
         """Output tokens each live sequence has so far."""
