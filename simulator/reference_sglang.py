@@ -222,7 +222,8 @@ class ReferenceSGLangReplica(ReferenceReplica):
             if self.tiers is not None:
                 found = self.tiers.lookup(self.page_names(g, hit // P, (T - 1) // P))
                 if found:
-                    if len(found) * P > alloc.available():
+                    # the running requests' reservation holds for a load as for a prefill
+                    if len(found) * P >= alloc.available() + allocated - reservation:
                         self.blocked = "no space"
                         alloc.release(g.seq)
                         break
@@ -334,9 +335,12 @@ class ReferenceSGLangReplica(ReferenceReplica):
             step.decode_context += self.alloc.kv_len(g.seq)
 
     def retract(self, step: Step) -> None:
-        """Retract until 20 tokens per remaining request fit (or one remains); reset the ratio."""
+        """Retract until 20 tokens per remaining request fit (or one remains; none, when loads
+        from a cache tier hold the slot the last one needs: they give it back when they end);
+        reset the ratio."""
         alloc = self.alloc
-        while len(self.running) > 1 and alloc.available() < len(self.running) * RETRACT_STEPS * alloc.page_size:
+        while (len(self.running) > 1 and alloc.available() < len(self.running) * RETRACT_STEPS * alloc.page_size
+               or self.loading and len(self.running) == 1 and not self.decode_fits()):
             g = min(reversed(self.running), key=lambda g: (g.generated, -g.request.prompt_tokens))
             self.running.remove(g)
             g.recomputed_tokens += alloc.kv_len(g.seq)

@@ -176,7 +176,7 @@ class SchedulerSGLang:
         self.loading: list[tuple[float, int, SequenceGroup, float, int]] = []
         self.on_load: Callable[[float], None] | None = None  # the engine's wake-up at a load's end
         self._page_keys: dict[SequenceGroup, list[int]] = {}  # a request's page names so far
-        if tiers is not None and tiers.levels[0].write == "write-back":
+        if tiers is not None and tiers.stores_gpu_evictions:
             allocator.listen_evictions(tiers.gpu_evicted)
 
     # --- arrivals --------------------------------------------------------------------
@@ -342,7 +342,9 @@ class SchedulerSGLang:
             # checks again under ``_lock_node`` for the same reason).
             hit = alloc.open(s, tokens, T, self._final_len(g), g.request.priority)
             if self.tiers is not None and (found := self._tier_lookup(g, hit, T)):
-                if len(found) * P > alloc.available():  # no room for the pages: admission stops
+                # the pages must fit in what admission may take: the running requests'
+                # reservation (``offset``) holds for a load as for a prefill
+                if len(found) * P >= alloc.available() + taken - offset:  # no room: admission stops
                     self.blocked = Admission.NO_SPACE
                     alloc.retract(s)
                     break
@@ -427,7 +429,7 @@ class SchedulerSGLang:
     def _count_gpu_hits(self, g: SequenceGroup, hit: int) -> None:
         """Tell the tiers which cached pages ``g`` hit (write-through-after-hits counts them)."""
         pages = hit // self.alloc.page_size
-        if pages and self.tiers.levels[0].write == "write-through-after-hits":
+        if pages and self.tiers.counts_gpu_hits:
             keys = self._keys(g, pages)[:pages]
             self.tiers.gpu_hits(keys, chain_parents(keys, None), g.request.priority)
 
@@ -439,10 +441,7 @@ class SchedulerSGLang:
         while self.loading and self.loading[0][0] <= now:
             done, s, g, start, k = heapq.heappop(self.loading)
             self.alloc.finish(s)
-            g.loaded_tokens += k * P
-            if g.first_token is None:
-                g.load_wait += done - start
-            g.after_load = True
+            g.back_from_load(k * P, start, done)
             self.waiting.insert(0, g)
 
     def _final_len(self, g: SequenceGroup) -> int:
@@ -480,10 +479,14 @@ class SchedulerSGLang:
 
     def _retract(self, step: StepSGLang) -> None:
         """Retract the requests with the fewest generated tokens (ties: the longest prompt)
-        until 20 tokens per remaining request fit, or one is left; raise the ratio."""
+        until 20 tokens per remaining request fit, or one is left (none, when loads from a
+        cache tier hold the slot the last one needs: they give it back when they end);
+        raise the ratio."""
         alloc, running = self.alloc, self.running
         order = sorted(running, key=lambda g: (g.gen_base, -g.request.prompt_tokens), reverse=True)
-        while len(order) > 1 and alloc.available() < len(order) * RETRACT_DECODE_STEPS * alloc.page_size:
+        while (len(order) > 1 and alloc.available() < len(order) * RETRACT_DECODE_STEPS * alloc.page_size
+               or self.loading and len(order) == 1
+               and alloc.slots_to_extend(order[0].seq_ids[0], 1) > alloc.available()):
             g = order.pop()
             running.remove(g)
             s = g.seq_ids[0]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from tier_cases import multi_turn_config, run_steps, tier_stack
 
@@ -151,9 +151,16 @@ def test_a_load_that_finds_no_room_stops_admission():
        capacity=st.integers(48, 120), cpu=st.integers(0, 12),
        reqs=st.lists(st.tuples(st.integers(0, 3), st.integers(1, 30), st.integers(1, 12), st.integers(0, 2),
                                st.integers(0, 30)), min_size=1, max_size=12))
+@example(write="write-through-after-hits", policy="lru", queue="lpm", capacity=52, cpu=3,
+         reqs=[(0, 1, 1, 0, 0), (0, 1, 1, 0, 0), (0, 1, 1, 0, 0), (2, 1, 1, 0, 0), (0, 1, 1, 0, 0),
+               (0, 1, 1, 0, 1), (0, 2, 1, 0, 3), (0, 1, 4, 0, 0), (0, 2, 2, 0, 0), (1, 1, 1, 0, 7),
+               (0, 1, 3, 0, 19), (2, 18, 7, 2, 18)])
 def test_books_balance_after_every_step_with_tiers(write, policy, queue, capacity, cpu, reqs):
     """Every request ends; after every step the radix cache's books (locks, sizes, slots) and
-    each tier's (size within capacity, eviction order and child counts exact) balance."""
+    each tier's (size within capacity, eviction order and child counts exact) balance. The
+    example: loads once took the slots a running request had been promised, and the last
+    running request could not decode (the engine raised); a load now respects the running
+    requests' reservation, and a last request whose slot loads hold is retracted."""
     tiers = stack((cpu, write, 1, policy), (cpu // 2, "write-back", 0, "lru"))
     s, ended = sglang(capacity, tiers, eviction=policy, schedule_policy=queue, chunked_prefill_size=16)
     pending = [Request(i, float(t), 16 + own, out, prefix_id=f"p{p}", prefix_tokens=16, priority=prio)
