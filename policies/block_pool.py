@@ -15,6 +15,7 @@ from collections.abc import Sequence, Sized
 import numpy as np
 
 from kvsim.policies.free_block_queue import FreeBlockQueue
+from kvsim.policies.int_runs import index
 
 
 def checked_sizes(num_blocks: int, block_size: int) -> tuple[int, int]:
@@ -145,10 +146,12 @@ class BlockPool:
         assert used + len(free) == self.num_blocks, "blocks are not conserved"
 
 
-NUMPY_TABLE = 256
+NUMPY_TABLE = 80
 """Tables and hits of more blocks than this are released or held through numpy (about ten
 calls of a few microseconds each, then C speed); smaller ones a block at a time (about 0.1 us
-a block): measured on the multi-turn and Mooncake bench cases."""
+a block). Measured (an allocate, hold, release, release cycle): even at about 70 blocks now
+that tables reach numpy as ``array``s without a copy (``policies.int_runs``); it was 256
+while they were lists that numpy converted."""
 
 
 class QueuedBlockPool(BlockPool):
@@ -191,12 +194,13 @@ class QueuedBlockPool(BlockPool):
         self._refcount[block] = 1
         return block
 
-    def allocate_many(self, count: int) -> list[int]:
+    def allocate_many(self, count: int) -> array:  # type: ignore[override]
+        """``count`` blocks from the head of the queue, as an ``array`` of block numbers."""
         if count > len(self._free):
             raise OutOfBlocks(f"asked for {count} blocks, {len(self._free)} free")
-        taken = self._free.popleft_many(count)
+        taken = self._free.popleft_many(count)  # an array (policies.int_runs)
         if len(taken) > NUMPY_TABLE:
-            self._counts()[taken] = 1
+            self._counts()[index(taken)] = 1
         else:
             rc = self._refcount
             for b in taken:
@@ -225,7 +229,7 @@ class QueuedBlockPool(BlockPool):
     def _release_array(self, blocks: list[int]) -> np.ndarray:
         """The numpy release: distinct blocks (a table), so one fancy-indexed write counts
         each once (a repeated block is refused, nothing done)."""
-        idx = np.array(blocks, dtype=np.intp)
+        idx = index(blocks)
         rc = self._counts()
         held = rc[idx]
         if held.min() < 1:
@@ -247,7 +251,7 @@ class QueuedBlockPool(BlockPool):
         the free ones out of the queue; return how many were free. One call per hit, with
         the queue's removals done together, instead of a ``share`` or ``reclaim`` per block."""
         if len(blocks) > NUMPY_TABLE:
-            idx = np.array(blocks, dtype=np.intp)
+            idx = index(blocks)
             rc = self._counts()
             held = rc[idx]
             free = idx[held == 0]
@@ -266,5 +270,5 @@ class QueuedBlockPool(BlockPool):
     def in_use(self, blocks: list[int]) -> int:
         """How many of ``blocks`` have a holder (the rest wait in the free queue)."""
         if len(blocks) > NUMPY_TABLE:
-            return int(np.count_nonzero(self._counts()[blocks]))
+            return int(np.count_nonzero(self._counts()[index(blocks)]))
         return len(blocks) - list(map(self._refcount.__getitem__, blocks)).count(0)

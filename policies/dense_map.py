@@ -24,10 +24,12 @@ from __future__ import annotations
 
 from array import array
 from collections import deque
-from collections.abc import Hashable, Iterable, Iterator
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 from itertools import repeat
 
 import numpy as np
+
+from kvsim.policies.int_runs import BLOCKS, from_numpy, index
 
 ABSENT = -1
 BOXED = -2
@@ -181,17 +183,19 @@ class DenseMap:
             self._grow(int(k.max()))
             return self._view()[k]
 
-    def leading(self, keys: list[int]) -> list[int]:
-        """The values of the longest leading run of ``keys`` (small ints) that are present
-        with small int values: a prefix lookup stops at the first miss. Read in strides that
-        double, so a miss wastes at most as many reads as hit before it."""
-        if not keys:
-            return []
+    def leading(self, keys: Sequence[int]) -> array:
+        """The values of the longest leading run of ``keys`` (small ints, a list or an
+        ``array``) that are present with small int values, as an ``array`` of 32-bit ints
+        (``policies.int_runs``): a prefix lookup stops at the first miss. Read in strides
+        that double, so a miss wastes at most as many reads as hit before it."""
+        hits = array(BLOCKS)
+        if not len(keys):
+            return hits
         if len(keys) > NUMPY_RUN:
-            got = self._gather(np.array(keys, dtype=np.intp))
+            got = self._gather(index(keys))
             missing = got < 0
-            return (got[:int(np.argmax(missing))] if missing.any() else got).tolist()
-        read, hits = self._read, []
+            return from_numpy(got[:int(np.argmax(missing))] if missing.any() else got)
+        read = self._read
         start, stride = 0, 32
         while start < len(keys):
             part = read(keys[start:start + stride])
@@ -201,34 +205,23 @@ class DenseMap:
                         break
                     hits.append(v)
                 return hits
-            hits += part
+            hits.extend(part)
             start += stride
             stride *= 2
         return hits
 
-    def put_ints(self, keys: list[int], values: list[int]) -> bool:
+    def put_ints(self, keys: Sequence[int], values: Sequence[int]) -> bool:
         """``self[k] = v`` for each pair of small int keys and small int values (a run just
-        registered) if none of ``keys`` is present; else nothing, and False. The keys must
-        be distinct (one chain's positions, one table's blocks)."""
+        registered; lists or ``array``s) if none of ``keys`` is present; else nothing, and
+        False. The keys must be distinct (one chain's positions, one table's blocks)."""
         n = len(keys)
         if not n:
             return True
-        k0, v0 = keys[0], values[0]
-        if (keys[-1] - k0 == values[-1] - v0 == n - 1 and k0 >= 0
-                and keys == list(range(k0, k0 + n)) and values == list(range(v0, v0 + n))):
-            # a run of new chain keys on a run of never-used blocks: two slices
-            self._cover((k0 + n - 1,))
-            part = self._view()[k0:k0 + n]
-            if (part != ABSENT).any():
-                return False
-            part[:] = np.arange(v0, v0 + n)
-            self._n += n
-            return True
-        if n > NUMPY_RUN:
-            k = np.array(keys, dtype=np.intp)
+        if n > NUMPY_RUN:  # (an ``array`` reaches numpy without a copy: policies.int_runs)
+            k = index(keys)
             if (self._gather(k) != ABSENT).any():
                 return False
-            self._view()[k] = values
+            self._view()[k] = np.asarray(values)  # (values are stored, not an index: any int type)
             self._n += n
             return True
         if self._read(keys).count(ABSENT) != n:
@@ -246,7 +239,7 @@ class DenseMap:
             v = self.pop(keys[0], None)
             return [] if v is None else [v]
         if len(keys) > NUMPY_RUN:
-            k = np.array(keys, dtype=np.intp)
+            k = index(keys)
             present = self._gather(k) != ABSENT
             if not present.any():
                 return []

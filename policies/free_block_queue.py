@@ -38,6 +38,8 @@ from itertools import chain
 
 import numpy as np
 
+from kvsim.policies.int_runs import BLOCKS, arange, from_numpy, index
+
 IN_FRESH = -2
 NOT_QUEUED = -1
 MAX_BLOCK = 2**31 - 1
@@ -108,15 +110,17 @@ class FreeBlockQueue:
 
     def _live(self, start: int, stop: int) -> np.ndarray:
         """The live entries of ``_buf[start:stop]``, in order."""
-        seg = self._buf[start:stop]
+        seg = index(self._buf[start:stop])
         return seg[self._pos[seg] == np.arange(start, stop, dtype=np.int32)]
 
     def _index(self, blocks: list[int] | tuple[int, ...]) -> np.ndarray:
         """``blocks`` as an index array into ``_pos``, grown to hold the largest."""
         try:
-            idx = np.array(blocks, dtype=np.uintp)
+            idx = index(blocks)
         except (OverflowError, TypeError, ValueError):
-            raise ValueError(f"block numbers are integers >= 0, got {list(blocks)[:5]}") from None
+            idx = None
+        if idx is None or idx.min() < 0:
+            raise ValueError(f"block numbers are integers >= 0, got {list(blocks)[:5]}")
         top = int(idx.max())
         if top > MAX_BLOCK:
             raise ValueError(f"block {top} is beyond the queue's 32-bit block numbers (at most {MAX_BLOCK})")
@@ -211,22 +215,25 @@ class FreeBlockQueue:
         self._len -= 1
         return fresh[0]
 
-    def popleft_many(self, count: int) -> list[int]:
-        """Take ``count`` blocks from the head, head first (all or none)."""
+    def popleft_many(self, count: int) -> array:
+        """Take ``count`` blocks from the head, head first (all or none), as an ``array`` of
+        block numbers (``policies.int_runs``: a run of never-used blocks costs no int object
+        per block)."""
         if count > self._len:
             raise IndexError(f"asked for {count} blocks, {self._len} in the free queue")
         fresh = self._fresh
-        taken = list(fresh[:count])
-        if taken:
+        part = fresh[:count]
+        taken = arange(part.start, part.stop) if len(part) > SCALAR_BATCH else array(BLOCKS, part)
+        if part:
             self._fresh = fresh[count:]
-            self._pos[taken[0]:taken[-1] + 1] = NOT_QUEUED
-        need = count - len(taken)
+            self._pos[part.start:part.stop] = NOT_QUEUED
+        need = count - len(part)
         if need > 0:
-            taken += self._take_live(need)
+            taken.extend(self._take_live(need))
         self._len -= count
         return taken
 
-    def _take_live(self, need: int) -> list[int]:
+    def _take_live(self, need: int) -> list[int] | array:
         """The first ``need`` live entries from the buffer's head: one by one for a few
         (``SCALAR_BATCH``), else in numpy windows that double until they hold enough (dead
         entries are passed over in bulk)."""
@@ -244,7 +251,7 @@ class FreeBlockQueue:
         width = need
         while True:
             stop = min(head + width, tail)
-            seg = buf[head:stop]
+            seg = index(buf[head:stop])
             live = np.flatnonzero(pos[seg] == np.arange(head, stop, dtype=np.int32))
             if len(live) >= need or stop == tail:
                 break
@@ -255,7 +262,7 @@ class FreeBlockQueue:
         chosen = seg[live]
         pos[chosen] = NOT_QUEUED
         self._head = head + int(live[-1]) + 1
-        return chosen.tolist()
+        return from_numpy(chosen)
 
     # --- taking out of the middle ------------------------------------------------------------
     def _spill(self) -> None:
@@ -290,8 +297,8 @@ class FreeBlockQueue:
             return
         pos = self._pos
         try:
-            idx = np.array(blocks, dtype=np.uintp)
-            queued = bool(idx.max() < len(pos)) and bool((pos[idx] != NOT_QUEUED).all())
+            idx = index(blocks)
+            queued = 0 <= idx.min() and idx.max() < len(pos) and bool((pos[idx] != NOT_QUEUED).all())
         except (OverflowError, TypeError, ValueError):
             queued = False
         if not queued:  # say which

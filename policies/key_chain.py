@@ -38,6 +38,7 @@ from array import array
 from bisect import bisect_right
 from collections.abc import Hashable, Sequence
 
+from kvsim.policies.int_runs import KEYS, extend_run
 from kvsim.policies.token_blocks import TokenBlocks
 
 Contents = array | TokenBlocks | list
@@ -143,15 +144,16 @@ class KeyChain:
         at = bisect_right(starts, key)
         return starts[at] if at < len(starts) else self._count
 
-    def keys(self, contents: Sequence[Hashable]) -> list[int]:
+    def keys(self, contents: Sequence[Hashable]) -> array:
         """The chained keys of ``contents`` (a prompt's leading full blocks), creating the
-        unseen ones: the keys :func:`chain_keys_plain` gives."""
+        unseen ones: the keys :func:`chain_keys_plain` gives, as an ``array`` of 64-bit ints
+        (``policies.int_runs``), built a run of consecutive keys at a time."""
         contents = self._same_kind(contents)
         content_of = self.content_of
         # token blocks compare a run as raw bytes (no block objects): j blocks = j * w bytes
         w = content_of.width if isinstance(content_of, TokenBlocks) else 0
         n = len(contents)
-        keys: list[int] = []
+        keys = array(KEYS)
         parent, i = -1, 0
         while i < n:
             k = self._child(parent, contents[i])
@@ -171,7 +173,7 @@ class KeyChain:
                 else:
                     j = _first_mismatch(content_of[lo:lo + m], contents[i:i + m])
                 if j:
-                    keys += range(lo, lo + j)
+                    extend_run(keys, lo, lo + j)
                     parent, i = parent + j, i + j
                 if j < m:
                     break  # block i leaves the run: a branch, or a miss
@@ -184,5 +186,5 @@ class KeyChain:
                 self._starts.add(start)
             content_of += contents[i:]
             self._count += n - i
-            keys += range(start, start + n - i)
+            extend_run(keys, start, start + n - i)
         return keys

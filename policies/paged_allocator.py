@@ -49,7 +49,7 @@ from __future__ import annotations
 import copy
 import heapq
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from operator import mul
 
 from kvsim.policies.block_pool import BlockPool, OutOfBlocks
@@ -138,11 +138,22 @@ class PagedAllocator(KVAllocator):
         # when (base + t) % block_size == 0: _due[r] holds the sequences with base % B == r.
         self._due: list[dict[int, None]] = [{} for _ in range(block_size)]
         self._room: dict[int, int] = {}  # resident seq -> final length - base (room = this - clock)
+        # The least room, which every lockstep step asks for (_least_room), without walking
+        # every resident sequence: a heap of (room, seq) whose entry goes stale when its
+        # sequence leaves or its room changes (dropped when it surfaces, or in a rebuild).
+        self._room_heap: list[tuple[int, int]] = []
         # Lazy tables until the first share; a prefix cache shares from the start.
         self._tables_mode: LazyTables | ExactTables = ExactTables(self) if prefix_caching else LazyTables(self)
         self.prefix_lookups = 0  # cacheable prompt blocks looked up
         self.prefix_hits = 0  # ... and found
         self.evictions = 0
+        # Cache tiers below the GPU (``simulator.cache_tiers``; vllm-v0 and vllm-v1): the blocks
+        # requests loading from a tier hold, and, when the top tier stores what the GPU evicts
+        # (``on_evict``), each cached key's (chain parent, priority of the request that named it).
+        self._loading: dict[int, tuple[list[int], int]] = {}  # seq -> (hit + fresh blocks, hits)
+        self._loading_blocks = 0  # blocks in those tables
+        self.on_evict: Callable[[list, list, list], None] | None = None  # (keys, parents, priorities)
+        self._meta: dict[Hashable, tuple[Hashable | None, int]] = {}
 
     def _new_pool(self, num_blocks: int, block_size: int) -> BlockPool:
         """The GPU pool (a subclass with another free-block order builds its own here, so
@@ -182,6 +193,11 @@ class PagedAllocator(KVAllocator):
             self._res_over += held * B - final
         self._due[base % B][s] = None
         self._room[s] = final - base
+        heap = self._room_heap
+        heapq.heappush(heap, (final - base, s))
+        if len(heap) > 2 * len(self._room) + 64:  # mostly stale (per-sequence appends): rebuild
+            self._room_heap = [(r, q) for q, r in self._room.items()]
+            heapq.heapify(self._room_heap)
         self._tables_mode.entered(s, held, base, final)
 
     def _leave(self, s: int) -> None:
@@ -193,8 +209,19 @@ class PagedAllocator(KVAllocator):
         if held * B > final:
             self._res_over -= held * B - final
         del self._due[base % B][s]
-        del self._room[s]
+        del self._room[s]  # (its room heap entry is now stale)
         self._tables_mode.left(s, held)
+
+    def _least_room(self) -> int:
+        """The least room (final length - base) of a resident sequence (one must be
+        resident): the lockstep appends the first to reach its final length has left are
+        this minus the clock. O(1) amortized, where ``min`` over ``_room`` walks them all."""
+        heap, room = self._room_heap, self._room
+        least, s = heap[0]
+        while room.get(s) != least:  # stale: the sequence left or its room changed since
+            heapq.heappop(heap)
+            least, s = heap[0]
+        return least
 
     def _fill_in(self, s: int) -> None:
         """Take the blocks a resident sequence is owed into its table (lazy tables; with
@@ -237,8 +264,12 @@ class PagedAllocator(KVAllocator):
         else:  # the policy's victim among the evictable cached blocks
             block = self._cached[self._cache_order.evict()]
             del self._evictable[block]
-        del self._cached[self._key_of.pop(block)]
+        key = self._key_of.pop(block)
+        del self._cached[key]
         self.evictions += 1
+        if self.on_evict is not None:  # a tier stores what the GPU evicts (write-back)
+            parent, priority = self._meta.pop(key)
+            self.on_evict([key], [parent], [priority])
         self.pool.release(block)  # the cache's reference; now free
         self._filled[block] = self.block_size
         return self.pool.allocate()
@@ -268,6 +299,84 @@ class PagedAllocator(KVAllocator):
                         self._cache_order.offer(self._key_of[b])
 
     # --- prefix cache ----------------------------------------------------------------
+    def find_prefix(self, prefix: Sequence[Hashable]) -> tuple[list[int], list[int]]:
+        """(The chain keys of the prompt's leading full blocks, the cached blocks of their
+        longest leading run): what an admission of this prompt would look up and hit."""
+        keys = self._keys(prefix)
+        return keys, self._hits(keys)
+
+    def _held_hits(self, hits: list[int]) -> int:
+        """How many of the cached ``hits`` some sequence holds: they cost no free block (a
+        cached block only the cache holds counts as free, and a hit takes it)."""
+        return sum(1 for b in hits if b not in self._evictable)
+
+    def _hold_hits(self, hits: list[int]) -> None:
+        """Share the cached blocks of a hit: a use of each cached content; one only the
+        cache held is revived (no longer free)."""
+        pool, filled, order, key_of = self.pool, self._filled, self._cache_order, self._key_of
+        for b in hits:
+            pool.share(b)
+            if order is not None:  # a use of the cached content
+                self._cache_now += 1
+                order.hit(key_of[b], self._cache_now)
+            if b in self._evictable:
+                del self._evictable[b]
+                self._token_states += filled[b]
+                if order is not None:
+                    order.withdraw(key_of[b])
+
+    def _cache_block(self, key: int, block: int, parent: int | None, priority: int) -> None:
+        """Index full ``block`` under ``key`` (chain ``parent``): the cache holds a reference
+        of its own. ``priority``: the namer's, kept when a cache tier stores GPU evictions."""
+        self._cached[key] = block
+        self._key_of[block] = key
+        self.pool.share(block)
+        if self._cache_order is not None:
+            self._cache_now += 1
+            self._cache_order.insert(key, self._cache_now)
+        if self.on_evict is not None:
+            self._meta[key] = (parent, priority)
+
+    # --- loads from a cache tier below the GPU (simulator.cache_tiers, vllm-v0) ------------
+    def load_blocks(self, hits: list[int], count: int) -> int:
+        """Free blocks a load of ``count`` blocks after the GPU ``hits`` consumes: its fresh
+        blocks, and the hits only the cache holds."""
+        return count + len(hits) - self._held_hits(hits)
+
+    def start_load(self, seq_id: int, keys: list[int], hits: list[int], count: int) -> None:
+        """A request starts loading ``count`` blocks from a cache tier: it holds its GPU
+        ``hits`` (a use each, as at admission, and counted as admission counts: the ``keys``
+        looked up, the hits found) and ``count`` fresh blocks for the load (full: their KV is
+        arriving), under ``seq_id``. The caller checked ``load_blocks`` against the free blocks."""
+        self._hold_hits(hits)
+        self.prefix_lookups += len(keys)
+        self.prefix_hits += len(hits)
+        self._hold_for_load(seq_id, hits, count)
+
+    def _hold_for_load(self, seq_id: int, hits: list[int], count: int) -> None:
+        """Take ``count`` fresh blocks for a load (full: their KV is arriving) and keep them
+        with the ``hits`` already held as ``seq_id``'s loading table (vllm-v0 and vllm-v1)."""
+        fresh = self._take_many(count)
+        B, filled = self.block_size, self._filled
+        for b in fresh:
+            filled[b] = B
+        self._token_states += count * B
+        self._loading[seq_id] = (hits + fresh, len(hits))
+        self._loading_blocks += len(hits) + count
+
+    def finish_load(self, seq_id: int, keys: list[int], priority: int = 0) -> None:
+        """The load of ``seq_id`` ended: its loaded blocks are cached under ``keys`` (the
+        keys after its hits; one cached meanwhile keeps its block, the loaded copy is freed),
+        then it lets go of all its blocks, as a finished sequence does: they stay cached."""
+        table, h = self._loading.pop(seq_id)
+        self._loading_blocks -= len(table)
+        parent = self._key_of[table[h - 1]] if h else None
+        for key, b in zip(keys, table[h:]):
+            if key not in self._cached:
+                self._cache_block(key, b, parent, priority)
+            parent = key
+        self._release_gpu(table)
+
     def _keys(self, prefix: Sequence[Hashable]) -> list[int]:
         """Chain identities of the prompt's leading full blocks."""
         return chain_keys_plain(self._chain, prefix)
@@ -304,15 +413,18 @@ class PagedAllocator(KVAllocator):
             return Admission.NEVER
         need = blocks_for(prompt_len, self.block_size)
         if self.prefix_caching and prefix:
-            hits = self._hits(self._keys(prefix))
-            # A hit costs nothing unless it is an unreferenced cached block (counted as free).
-            need -= sum(1 for b in hits if b not in self._evictable)
+            need -= self._held_hits(self._hits(self._keys(prefix)))
         if self.num_free_blocks - need < wm:
             return Admission.NO_SPACE
         return Admission.OK
 
     def admit(self, seq_ids: Sequence[int], prompt_len: int, final_len: int | Sequence[int],
-              prefix: Sequence[Hashable] = ()) -> int:
+              prefix: Sequence[Hashable] = (), *, priority: int = 0, counted: bool = True) -> int:
+        """Store the prompt once for the group's sequences, sharing the cached blocks of
+        its leading run; return the prompt tokens found cached (at least the last one is
+        computed). ``priority``: the request's, kept for a cache tier that stores what the
+        GPU evicts; ``counted`` False: its lookups and hits were counted already (when its
+        load from a cache tier started)."""
         B, pool, filled = self.block_size, self.pool, self._filled
         if len(seq_ids) == 1 and not (self.prefix_caching and prefix):  # the usual case, in short
             s, blocks = seq_ids[0], self._take_many(-(-prompt_len // B))
@@ -325,33 +437,18 @@ class PagedAllocator(KVAllocator):
             return 0
         keys = self._keys(prefix) if self.prefix_caching and prefix else []
         hits = self._hits(keys)
-        order = self._cache_order
-        for b in hits:  # revive or share the cached blocks
-            pool.share(b)
-            if order is not None:  # a use of the cached content
-                self._cache_now += 1
-                order.hit(self._key_of[b], self._cache_now)
-            if b in self._evictable:
-                del self._evictable[b]
-                self._token_states += filled[b]
-                if order is not None:
-                    order.withdraw(self._key_of[b])
-        self.prefix_lookups += len(keys)
-        self.prefix_hits += len(hits)
+        self._hold_hits(hits)
+        if counted:
+            self.prefix_lookups += len(keys)
+            self.prefix_hits += len(hits)
         fresh = self._take_many(blocks_for(prompt_len, B) - len(hits))
         if fresh:  # fresh blocks read as full; only the prompt's last block may be partial
             filled[fresh[-1]] = prompt_len - (len(hits) + len(fresh) - 1) * B
             self._token_states += prompt_len - len(hits) * B
-        for i in range(len(hits), min(len(keys), len(hits) + len(fresh))):
-            if keys[i] in self._cached:  # still cached, but its parent was evicted: keep that copy
-                continue
-            b = fresh[i - len(hits)]  # a full block with a known identity: index it (the cache holds a ref)
-            self._cached[keys[i]] = b
-            self._key_of[b] = keys[i]
-            pool.share(b)
-            if order is not None:
-                self._cache_now += 1
-                order.insert(keys[i], self._cache_now)
+        h = len(hits)
+        for i in range(h, min(len(keys), h + len(fresh))):
+            if keys[i] not in self._cached:  # (still cached, but its parent was evicted: keep that copy)
+                self._cache_block(keys[i], fresh[i - h], keys[i - 1] if i else None, priority)
         blocks = hits + fresh
         if len(seq_ids) > 1:
             self._share()
@@ -412,7 +509,7 @@ class PagedAllocator(KVAllocator):
         assert fresh, "a sequence computes at least one token past its cached blocks"
         self._filled[fresh[-1]] = tokens - (len(cached) + len(fresh) - 1) * B
         self._token_states += tokens - len(cached) * B
-        self._tables[seq_id] = cached + fresh
+        self._tables[seq_id] = cached + fresh if cached else fresh  # (a v1 cache's: arrays, policies.int_runs)
         self._kv[seq_id] = tokens - self._clock
         self._final[seq_id] = final_len
         self._enter(seq_id)
@@ -485,7 +582,7 @@ class PagedAllocator(KVAllocator):
         room = self._room
         if not room:
             return True
-        if min(room.values()) - self._clock < 1:  # someone outgrows its final length
+        if self._least_room() - self._clock < 1:  # someone outgrows its final length
             return self.try_append(list(room))
         crossing = self._due[-self._clock % self.block_size]
         if not self._tables_mode.append_all(crossing):
@@ -603,7 +700,7 @@ class PagedAllocator(KVAllocator):
         if limit <= 0 or not room:
             return 0
         B, c0 = self.block_size, self._clock
-        k_max = min(room.values()) - c0
+        k_max = self._least_room() - c0
         if limit < k_max:
             k_max = limit
         if k_max <= 0 or (not self._tables_mode.lazy and self._pending_copies()):  # lazy: nothing shared
@@ -666,7 +763,10 @@ class PagedAllocator(KVAllocator):
         return self.num_free_blocks * self.block_size
 
     def usage(self) -> MemoryUsage:
-        return self._tables_mode.usage()
+        u = self._tables_mode.usage()
+        if self._loading_blocks:  # held for loads from a cache tier: unshared slots, as in a table
+            u.unshared += self._loading_blocks * self.block_size
+        return u
 
     def _usage_totals(self, free_blocks: int) -> MemoryUsage:
         """Usage from the running totals, in O(1): right whenever every allocated slot past
@@ -739,6 +839,12 @@ class PagedAllocator(KVAllocator):
             assert self._key_of[b] == key, f"cache index of block {b} is inconsistent"
             gpu_refs[b] += 1  # the cache's own reference
         assert len(self._key_of) == len(self._cached)
+        for table, _ in self._loading.values():  # held by requests loading from a cache tier
+            for b in table:
+                gpu_refs[b] += 1
+        assert self._loading_blocks == sum(len(t) for t, _ in self._loading.values()), "loading block count drifted"
+        if self.on_evict is not None:
+            assert self._meta.keys() == self._cached.keys(), "a cached key's parent and priority are not kept"
         for b in self._evictable:
             assert b in self._key_of and self.pool.refcount(b) == 1, f"evictable block {b} is still held"
         if self._cache_order is not None:
@@ -760,10 +866,15 @@ class PagedAllocator(KVAllocator):
             base = self._kv[s]
             assert s in self._due[base % self.block_size], f"seq {s} is not due where its length says"
             assert self._room[s] == self._final[s] - base, f"seq {s}: room drifted"
+        heaped = {(s, r) for r, s in self._room_heap}
+        assert all(entry in heaped for entry in self._room.items()), "a resident sequence's room is not in the heap"
+        assert not self._room or self._least_room() == min(self._room.values()), "least room drifted"
         assert sum(map(len, self._due)) == len(self._room) == len(resident), "due buckets drifted"
         assert self._res_blocks == sum(len(self._tables[s]) for s in resident), "resident block total drifted"
         assert self._res_over == sum(self._over(s) for s in resident), "over-final total drifted"
-        assert self.usage() == self._usage_walk(), "incremental usage disagrees with the tables"
+        walk = self._usage_walk()
+        walk.unshared += self._loading_blocks * self.block_size
+        assert self.usage() == walk, "incremental usage disagrees with the tables"
         self.usage().check()
 
 

@@ -26,6 +26,13 @@ Rules (one place each):
   recently released cached block is evicted.
 - Swapping moves a group's distinct blocks to a bounded CPU pool (a block shared by
   several sequences moves once) and back to fresh GPU blocks.
+- Cache tiers below the GPU (``simulator.reference.ReferenceTiers``): a request loading
+  from a tier holds its cached hits and fresh blocks for the load in ``loading`` (not a
+  sequence: it decodes nothing); when the load ends the loaded blocks are cached under
+  their names (a name cached meanwhile keeps its block) and all are released. The tiers
+  read each name's chain parent (``parents``), the priority of the request that named
+  the cached block (``namer``) and, with ``log_evictions``, every eviction as (name,
+  parent, namer's priority) in ``evicted`` (the engine drains it).
 
 Memory classes (slots, summing to capacity): ``token_states`` counts the tokens written
 in blocks some sequence holds (a shared block once); a sequence's ``reserved`` slots are
@@ -116,9 +123,14 @@ class ReferencePagedAllocator:
     prefix_lookups: int = field(default=0, init=False)
     prefix_hits: int = field(default=0, init=False)
     evictions: int = field(default=0, init=False)
+    log_evictions: bool = field(default=False, init=False)  # keep ``evicted`` (a write-back tier)
 
     def __post_init__(self) -> None:
         self.capacity = self.num_blocks * self.block_size
+        self.parents: dict[int, int | None] = {}  # name -> its parent's name (None: a chain's first)
+        self.namer: dict[int, int] = {}  # cached name -> priority of the request that named it
+        self.evicted: list[tuple[int, int | None, int]] = []  # (name, parent, namer's priority)
+        self.loading: dict[int, list[int]] = {}  # request loading from a cache tier -> hits + fresh blocks
         self.free_list: list[int] = list(range(self.num_blocks))
         self.holders: list[int] = [0] * self.num_blocks  # sequences holding each GPU block
         self.filled: list[int] = [0] * self.num_blocks  # tokens written in each GPU block
@@ -156,7 +168,11 @@ class ReferencePagedAllocator:
             else:
                 block = self.cache[self.policy.victim(self.key_of[b] for b in self.lru)]
             del self.lru[block]
-            del self.cache[self.key_of.pop(block)]
+            key = self.key_of.pop(block)
+            del self.cache[key]
+            priority = self.namer.pop(key)
+            if self.log_evictions:
+                self.evicted.append((key, self.parents[key], priority))
             self.evictions += 1
         self.holders[block] = 1
         self.filled[block] = 0
@@ -185,8 +201,10 @@ class ReferencePagedAllocator:
         """Names of the leading full prompt blocks: each names (parent name, content)."""
         keys, parent = [], -1
         for content in prefix if self.prefix_caching else ():
-            parent = self.names.setdefault((parent, content), len(self.names))
-            keys.append(parent)
+            key = self.names.setdefault((parent, content), len(self.names))
+            self.parents.setdefault(key, None if parent == -1 else parent)
+            keys.append(key)
+            parent = key
         return keys
 
     def cache_hits(self, prefix: Sequence[Hashable]) -> list[int]:
@@ -230,29 +248,26 @@ class ReferencePagedAllocator:
         prompt_len: int,
         finals: list[int],
         prefix: Sequence[Hashable] = (),
+        priority: int = 0,
+        counted: bool = True,
     ) -> int:
         """Store the prompt once for all sequences of the group; return the prompt tokens
-        found in the prefix cache (at least the last prompt token is computed)."""
+        found in the prefix cache (at least the last prompt token is computed). ``priority``:
+        the request's (the namer of the blocks it caches); ``counted`` False: its lookups and
+        hits were counted when its load from a cache tier started."""
         B = self.block_size
         keys = self.prefix_keys(prefix)
         hits = self.cache_hits(prefix)
-        for b in hits:
-            if self.eviction != "lru":  # a use of the cached content
-                self.clock += 1
-                self.policy.hit(self.key_of[b], self.clock)
-            self.hold(b)
-        self.prefix_lookups += len(keys)
-        self.prefix_hits += len(hits)
+        self.hold_hits(hits)
+        if counted:
+            self.prefix_lookups += len(keys)
+            self.prefix_hits += len(hits)
         fresh = [self.take() for _ in range(blocks_for(prompt_len, B) - len(hits))]
         blocks = hits + fresh
         for i, b in enumerate(fresh, start=len(hits)):
             self.filled[b] = min(B, prompt_len - i * B)
-            if i < len(keys) and keys[i] not in self.cache:  # a full block with a name: cache it
-                self.cache[keys[i]] = b
-                self.key_of[b] = keys[i]
-                if self.eviction != "lru":
-                    self.clock += 1
-                    self.policy.insert(keys[i], self.clock)
+            if i < len(keys):  # a full block with a name: cache it
+                self.cache_block(keys[i], b, priority)
         for b in blocks:  # every further sequence holds the prompt blocks too
             self.holders[b] += len(seq_ids) - 1
         for s, final in zip(seq_ids, finals):
@@ -260,6 +275,49 @@ class ReferencePagedAllocator:
             self.kv[s] = prompt_len
             self.final[s] = final
         return min(len(hits) * B, prompt_len - 1)
+
+    def hold_hits(self, hits: list[int]) -> None:
+        """A request takes the cached blocks it hit: a use of each cached content."""
+        for b in hits:
+            if self.eviction != "lru":  # a use of the cached content
+                self.clock += 1
+                self.policy.hit(self.key_of[b], self.clock)
+            self.hold(b)
+
+    def cache_block(self, key: int, block: int, priority: int) -> None:
+        """Cache full ``block`` under ``key``, unless another block holds that content already
+        (then that one stays the cached copy). ``priority``: the namer's."""
+        if key in self.cache:
+            return
+        self.cache[key] = block
+        self.key_of[block] = key
+        self.namer[key] = priority
+        if self.eviction != "lru":
+            self.clock += 1
+            self.policy.insert(key, self.clock)
+
+    # --- loads from a cache tier below the GPU ----------------------------------------------
+    def start_load(self, s: int, prefix: Sequence[Hashable], count: int) -> None:
+        """Request ``s`` loads ``count`` blocks after its cached prefix from a cache tier: it
+        holds its hits (looked up and counted as at admission) and ``count`` fresh blocks,
+        full (their KV is arriving). The caller checked that they fit."""
+        hits = self.cache_hits(prefix)
+        self.hold_hits(hits)
+        self.prefix_lookups += len(self.prefix_keys(prefix))
+        self.prefix_hits += len(hits)
+        fresh = [self.take() for _ in range(count)]
+        for b in fresh:
+            self.filled[b] = self.block_size
+        self.loading[s] = hits + fresh
+
+    def finish_load(self, s: int, keys: Sequence[int], priority: int) -> None:
+        """The load of ``s`` ended: its loaded blocks (after its hits) are cached under
+        ``keys``, then it releases every block it held, first to last."""
+        table = self.loading.pop(s)
+        for key, b in zip(keys, table[len(table) - len(keys):]):
+            self.cache_block(key, b, priority)
+        for b in table:
+            self.release(b)
 
     # --- growth, forks, frees ----------------------------------------------------------
     def needs_block(self, s: int) -> bool:
@@ -369,16 +427,24 @@ class ReferencePagedAllocator:
         return len(self.tables), sum(self.kv[s] for s in self.tables)
 
     def memory(self) -> Memory:
+        """Slots by class; the blocks of requests loading from a cache tier are held (their
+        tokens written, unshared) like a table's."""
         B = self.block_size
         reserved = 0
         for s, table in self.tables.items():
             if self.holders[table[-1]] == 1:  # only its own last block will it fill itself
                 reserved += max(0, min(len(table) * B, self.final[s]) - self.kv[s])
-        return table_memory(self.capacity, B, self.tables, self.filled, reserved, self.num_free())
+        held = {**self.tables, **{("loading", s): t for s, t in self.loading.items()}}
+        return table_memory(self.capacity, B, held, self.filled, reserved, self.num_free())
 
     def check(self) -> None:
         """Raise AssertionError unless every block is accounted for exactly once."""
-        check_tables(self.tables, self.holders, self.kv, self.block_size)
+        holders = list(self.holders)  # the sequences' holds: less the loading requests'
+        for table in self.loading.values():
+            for b in table:
+                holders[b] -= 1
+        check_tables(self.tables, holders, self.kv, self.block_size)
+        assert self.namer.keys() == self.cache.keys(), "a cached name's namer is not kept"
         cached_only = [b for b in self.key_of if self.holders[b] == 0]
         assert sorted(cached_only) == sorted(self.lru), "LRU list disagrees with the cache"
         free = set(self.free_list)

@@ -65,15 +65,19 @@ two dict entries and two int objects), so a lookup reads a prompt's keys, a regi
 stores a run and a take forgets a run with C-level ``map`` calls or numpy; a hit is held
 with one ``QueuedBlockPool.hold`` and a finished table released with one ``release_table``
 (numpy on the refcounts for long tables, one queue update); blocks never used yet stay a
-``range`` in the free queue. What is still per block at C speed: the block tables
-themselves (lists) and the refcount and index entries of each block; in Python: the
-request's own (private) blocks' index entries and, under eviction policies other than
-``lru``, the eviction order's entries.
+``range`` in the free queue. The runs handed between these steps (a prompt's keys, a hit,
+fresh blocks, a block table) are typed ``array``s, not lists (``policies.int_runs``):
+numpy reads them in place, so no step builds an int object per block or converts a list
+(that conversion was the largest per-block cost left: ~25 ns a block, several times per
+request). What is still per block at C speed: the refcount and index entries of each
+block (numpy gathers and scatters); in Python: the request's own (private) blocks' index
+entries and, under eviction policies other than ``lru``, the eviction order's entries.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from array import array
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 from itertools import chain
 
 from kvsim.policies.block_pool import QueuedBlockPool
@@ -85,7 +89,7 @@ from kvsim.policies.kv_allocator import MemoryUsage
 from kvsim.policies.paged_allocator import PagedAllocator
 
 
-def block_identities(keys: list[int], request_id: int, start: int, stop: int) -> Iterator[Hashable]:
+def block_identities(keys: Sequence[int], request_id: int, start: int, stop: int) -> Iterator[Hashable]:
     """What blocks ``start .. stop - 1`` of a request hold: its chained key where the request
     names its contents, else ``("u", request_id, i)``, private to it (lazy: a lookup that
     misses early builds nothing more)."""
@@ -93,7 +97,7 @@ def block_identities(keys: list[int], request_id: int, start: int, stop: int) ->
     return chain(named, (("u", request_id, i) for i in range(start + len(named), stop)))
 
 
-def identity_before(keys: list[int], request_id: int, start: int) -> Hashable | None:
+def identity_before(keys: Sequence[int], request_id: int, start: int) -> Hashable | None:
     """What block ``start - 1`` of a request holds: the parent of block ``start`` (None for
     the first block)."""
     return next(block_identities(keys, request_id, start - 1, start)) if start else None
@@ -118,15 +122,10 @@ class V1PrefixCacheAllocator(PagedAllocator):
             self.pool = QueuedBlockPool(num_blocks, block_size, queue)
         self._key_chain = KeyChain()  # identities of named blocks (replaces the base's _chain dict)
         self._now = 0  # the eviction order's logical clock: one tick per hit or release of a cached block
-        self._names: dict[int, tuple[list[int], int]] = {}  # seq -> (shared prefix keys, request id)
+        self._names: dict[int, tuple[Sequence[int], int]] = {}  # seq -> (shared prefix keys, request id)
         self._named: dict[int, int] = {}  # seq -> leading blocks already named (registered or duplicate)
         self._priority: dict[int, int] = {}  # seq -> its request's priority (read by the eviction order)
-        # Cache tiers (simulator.cache_tiers): blocks held by requests loading from a lower tier,
-        # and, when a tier stores what the GPU evicts, each cached key's (parent, priority).
-        self._loading: dict[int, tuple[list[int], int]] = {}  # seq -> (hit + fresh blocks, hits)
-        self._loading_blocks = 0  # blocks in those tables
-        self.on_evict: Callable[[list, list, list], None] | None = None  # (keys, parents, priorities)
-        self._meta: dict[Hashable, tuple[Hashable | None, int]] = {}
+        # (Cache tiers: the loading tables, ``on_evict`` and ``_meta`` are the base class's.)
 
     def _new_pool(self, num_blocks: int, block_size: int) -> QueuedBlockPool:
         """vLLM's FIFO free queue (another eviction policy replaces it once the cache index
@@ -134,14 +133,14 @@ class V1PrefixCacheAllocator(PagedAllocator):
         return QueuedBlockPool(num_blocks, block_size)
 
     # --- identities ----------------------------------------------------------------------
-    def prefix_keys(self, prefix: Sequence[Hashable]) -> list[int]:
+    def prefix_keys(self, prefix: Sequence[Hashable]) -> array:
         """Chained identities of the blocks a request's shared prefix names (walked a run of
-        consecutive keys at a time: ``policies.key_chain``)."""
+        consecutive keys at a time: ``policies.key_chain``), as an ``array`` of 64-bit ints."""
         return self._key_chain.keys(prefix)
 
-    def lookup(self, keys: list[int], request_id: int, num_tokens: int) -> list[int]:
+    def lookup(self, keys: Sequence[int], request_id: int, num_tokens: int) -> array:
         """Cached blocks of the longest leading run of a request's full blocks, at most
-        ``(num_tokens - 1) // block_size`` of them."""
+        ``(num_tokens - 1) // block_size`` of them (an ``array`` of block numbers)."""
         limit = (num_tokens - 1) // self.block_size
         cached = self._cached
         # The shared keys at once in the index's array, then, past them, the request's own
@@ -158,11 +157,11 @@ class V1PrefixCacheAllocator(PagedAllocator):
             hits.append(b)
         return hits
 
-    def in_use(self, blocks: list[int]) -> int:
+    def in_use(self, blocks: Sequence[int]) -> int:
         """How many of ``blocks`` some sequence holds (the rest wait in the free queue)."""
         return self.pool.in_use(blocks)
 
-    def take_hits(self, blocks: list[int], priority: int = 0) -> None:
+    def take_hits(self, blocks: Sequence[int], priority: int = 0) -> None:
         """Hold the hit blocks (a free one leaves the queue), before fresh blocks are taken;
         each is a use of its cached content by a request of ``priority``."""
         pool, order = self.pool, self._order
@@ -177,7 +176,7 @@ class V1PrefixCacheAllocator(PagedAllocator):
         self._token_states += pool.hold(blocks) * self.block_size
         self.prefix_hits += len(blocks)
 
-    def name(self, seq_id: int, keys: list[int], request_id: int, hit_blocks: int, lookups: int,
+    def name(self, seq_id: int, keys: Sequence[int], request_id: int, hit_blocks: int, lookups: int,
              priority: int = 0) -> None:
         """Say what a newly resident sequence's blocks hold (its first ``hit_blocks`` are
         cached already; ``lookups``: full blocks it looked up, for the hit ratio)."""
@@ -199,25 +198,29 @@ class V1PrefixCacheAllocator(PagedAllocator):
             return
         keys, rid = self._names[seq_id]
         table, cached, key_of = self._tables[seq_id], self._cached, self._key_of
-        new = list(block_identities(keys, rid, start, full))  # distinct: one chain's positions
         if self.on_evict is not None:
-            self._remember(new, identity_before(keys, rid, start), self._priority[seq_id])
-        shared = min(full, len(keys)) - start  # leading keys of the run that are ints
-        blocks = table[start:start + shared]
-        if shared > 0 and cached.put_ints(new[:shared], blocks):  # the usual case: none cached yet
-            stored = key_of.put_ints(blocks, new[:shared])
-            assert stored, "a block just filled names no content yet"
-            for i in range(start + shared, full):  # the request's own blocks
-                key = new[i - start]
-                if key not in cached:
-                    cached[key] = table[i]
-                    key_of[table[i]] = key
-        else:
-            for i, key in enumerate(new, start):
-                if key not in cached:
-                    cached[key] = table[i]
-                    key_of[table[i]] = key
+            self._remember(list(block_identities(keys, rid, start, full)), identity_before(keys, rid, start),
+                           self._priority[seq_id])
+        # The run's shared keys (ints, distinct: one chain's positions) as arrays, then the
+        # request's own blocks one by one.
+        own = max(start, min(full, len(keys)))  # the first of the request's own blocks
+        if own > start:
+            run, blocks = keys[start:own], table[start:own]
+            if cached.put_ints(run, blocks):  # the usual case: none cached yet
+                stored = key_of.put_ints(blocks, run)
+                assert stored, "a block just filled names no content yet"
+            else:
+                self._register(run, blocks)
+        self._register(block_identities(keys, rid, own, full), table[own:full])
         self._named[seq_id] = full
+
+    def _register(self, keys: Iterable[Hashable], blocks: Iterable[int]) -> None:
+        """Cache each block under its key unless the key is cached already (that first copy stays)."""
+        cached, key_of = self._cached, self._key_of
+        for key, b in zip(keys, blocks):
+            if key not in cached:
+                cached[key] = b
+                key_of[b] = key
 
     # --- taking and freeing blocks ---------------------------------------------------------
     def _forget(self, blocks: Sequence[int]) -> None:
@@ -237,12 +240,12 @@ class V1PrefixCacheAllocator(PagedAllocator):
         self._forget((block,))
         return block
 
-    def _take_many(self, count: int) -> list[int]:
+    def _take_many(self, count: int) -> array:  # type: ignore[override]
         blocks = self.pool.allocate_many(count)
         self._forget(blocks)
         return blocks
 
-    def _release_gpu(self, table: list[int]) -> None:
+    def _release_gpu(self, table: Sequence[int]) -> None:
         """Last block first to the tail of the free queue (vLLM frees in reverse order, so
         a request's tail is evicted before its head)."""
         if not table:
@@ -265,7 +268,7 @@ class V1PrefixCacheAllocator(PagedAllocator):
         super().free(seq_id)
         del self._names[seq_id], self._named[seq_id], self._priority[seq_id]
 
-    def _note_release(self, table: list[int], prio: int) -> None:
+    def _note_release(self, table: Sequence[int], prio: int) -> None:
         """Tell the eviction order that a holder of ``table`` lets go of its cached blocks
         (last block first, as they are released): recency and priority; the block a
         release frees is filed as evictable by the queue."""
@@ -290,18 +293,12 @@ class V1PrefixCacheAllocator(PagedAllocator):
                 meta[key] = (parent, priority)
             parent = key
 
-    def start_load(self, seq_id: int, hits: list[int], count: int, priority: int = 0) -> None:
+    def start_load(self, seq_id: int, hits: Sequence[int], count: int, priority: int = 0) -> None:
         """A request loads ``count`` blocks from a lower tier: hold its hit blocks (a hit, as
         at admission) and take ``count`` fresh blocks for the load (full: their KV is
         arriving). The caller checked that enough blocks are free."""
         self.take_hits(hits, priority)
-        fresh = self._take_many(count)
-        filled, B = self._filled, self.block_size
-        for b in fresh:
-            filled[b] = B
-        self._token_states += count * B
-        self._loading[seq_id] = (hits + fresh, len(hits))
-        self._loading_blocks += len(hits) + count
+        self._hold_for_load(seq_id, hits, count)
 
     def finish_load(self, seq_id: int, keys: list[Hashable], parent: Hashable | None, priority: int = 0) -> None:
         """The load of ``seq_id`` ended: cache its loaded blocks under ``keys`` (a key cached
@@ -309,11 +306,7 @@ class V1PrefixCacheAllocator(PagedAllocator):
         blocks last to first, as a finished request does: they wait in the free queue, cached."""
         table, nhits = self._loading.pop(seq_id)
         self._loading_blocks -= len(table)
-        cached, key_of = self._cached, self._key_of
-        for b, key in zip(table[nhits:], keys):
-            if key not in cached:
-                cached[key] = b
-                key_of[b] = key
+        self._register(keys, table[nhits:])
         if self.on_evict is not None:
             self._remember(keys, parent, priority)
         if self._order is not None:

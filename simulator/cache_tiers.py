@@ -4,7 +4,8 @@ Serving engines keep prefix KV beyond the GPU (vLLM's offloading connector and L
 CPU memory, SGLang's HiCache with host and storage tiers, TensorRT-LLM's host offload). A
 :class:`TierStack` is one replica's tiers (``allocator.tiers``, top first: CPU, then disk),
 each a :class:`~policies.cache_tier.CacheTier` (which contents, which goes) behind a
-:class:`TierLink` (what a transfer costs). Modelled with ``scheduler.policy: vllm-v1`` (the rules below; blocks) and ``sglang``
+:class:`TierLink` (what a transfer costs). Modelled with ``scheduler.policy: vllm-v1`` (the rules below; blocks),
+``vllm-v0`` (the same over v0's prefix cache, adapted in ``simulator.scheduler``) and ``sglang``
 (pages of the radix cache, adapted in ``simulator.scheduler_sglang``).
 
 **Loads.** When the head of the waiting queue is considered for admission, the GPU prefix

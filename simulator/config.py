@@ -767,13 +767,10 @@ class ExperimentConfig(Strict):
 
     @model_validator(mode="after")
     def _check_tiers(self) -> ExperimentConfig:
-        """Cache tiers extend vLLM v1's prefix cache and SGLang's radix cache (HiCache)."""
-        if getattr(self.allocator, "tiers", None):
-            if self.scheduler.policy not in ("vllm-v1", "sglang"):
-                raise ValueError(f"allocator.tiers is modelled with scheduler.policy sglang and vllm-v1 only, not "
-                                 f"{self.scheduler.policy!r}")
-            if not self.allocator.prefix_caching:
-                raise ValueError("allocator.tiers needs allocator.prefix_caching true (tiers keep prefix blocks)")
+        """Cache tiers extend a prefix cache, under every scheduler policy: vLLM v0's and v1's
+        (an offloading connector, LMCache) and SGLang's radix cache (HiCache)."""
+        if getattr(self.allocator, "tiers", None) and not self.allocator.prefix_caching:
+            raise ValueError("allocator.tiers needs allocator.prefix_caching true (tiers keep prefix blocks)")
         return self
 
     @model_validator(mode="after")

@@ -100,7 +100,7 @@ class Simulation:
     ``chain_steps``: when no other event comes before a step ends, go straight on
     without yielding to SimPy (same results, fewer events; off: yield after every step).
     ``make_tiers``: each replica's cache tiers below the GPU (``simulator.cache_tiers``;
-    vllm-v1 and sglang): a load's end is a SimPy event that puts its request back in line.
+    vllm-v0, vllm-v1 and sglang): a load's end is a SimPy event that puts its request back in line.
     """
 
     def __init__(
@@ -129,13 +129,8 @@ class Simulation:
         self.replicas: list[Replica] = []
         for i in range(num_replicas):
             make_scheduler = {"vllm-v1": SchedulerV1, "sglang": SchedulerSGLang}.get(limits.policy, Scheduler)
-            if make_tiers is not None:
-                if make_scheduler is Scheduler:
-                    raise ValueError(f"cache tiers are modelled with scheduler policies vllm-v1 and sglang, "
-                                     f"not {limits.policy}")
-                sched = make_scheduler(make_allocator(), limits, on_terminal=self._on_terminal(i), tiers=make_tiers())
-            else:
-                sched = make_scheduler(make_allocator(), limits, on_terminal=self._on_terminal(i))
+            sched = make_scheduler(make_allocator(), limits, on_terminal=self._on_terminal(i),
+                                   tiers=make_tiers() if make_tiers is not None else None)
             pcie = simpy.Resource(self.env, capacity=1) if overlap_swap else None
             replica = Replica(i, sched, make_cost(), pcie)
             if make_tiers is not None:
@@ -215,19 +210,22 @@ class Simulation:
             done.complete(sched, now)  # complete
 
     def _idle(self, replica: Replica, now: float) -> Generator[simpy.Event, None, float | None]:
-        """Nothing to run: catch SimPy up with the replica's clock ``now`` (s), or sleep
-        until an arrival (or the end of the trace) wakes the replica. Returns the
-        replica's clock afterwards; None when no work will ever come (the engine ends)."""
+        """Nothing to run at ``now`` (s): catch SimPy up with the replica's clock, then sleep
+        until an arrival, a load's end (or the end of the trace) wakes the replica, as the
+        reference engine does: scheduling again at the same instant with nothing new would
+        repeat the refusal, but not its side effects (a tier's store batch went out).
+        Returns the replica's clock afterwards; None when no work will ever come."""
         env, sched = self.env, replica.scheduler
         if sched.has_work and not sched.running and sched.next_load_s == INF:
             raise SimulationStalled(self._stall_message(replica))
-        if now > env.now:  # catch up before sleeping or ending
+        replica._wake = wake = env.event()  # (an event due by ``now`` may wake it while catching up)
+        if now > env.now:
             yield env.timeout(now - env.now)
-            return now
-        if self.arrivals_done and not sched.has_work:
-            return None
-        replica._wake = env.event()
-        yield replica._wake
+        if not wake.triggered:
+            if self.arrivals_done and not sched.has_work:
+                replica._wake = None
+                return None
+            yield wake
         replica._wake = None
         return env.now
 

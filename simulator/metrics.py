@@ -8,6 +8,7 @@ time-weighted: each step's snapshot weighs its duration.
 from __future__ import annotations
 
 from array import array
+from struct import pack
 
 import numpy as np
 import pandas as pd
@@ -40,8 +41,10 @@ _SECONDS_COLUMNS = _TIME_COLUMNS + ("load_wait_s",)  # floats; the others are in
 class RequestLog:
     """One row per request that ended, stored by column (8 bytes a number, not a tuple of objects).
 
-    Rows wait in a short buffer and move to the columns in bulk (a transpose and
-    one ``extend`` per column), which is cheaper than appending value by value.
+    Rows wait in a short buffer and move to the columns in bulk (a transpose, then per
+    column one ``struct.pack`` of its values and one copy of the bytes), which is cheaper
+    than appending value by value. (``array.extend`` parses every value as an argument:
+    ~480 instructions a value against ~90, cachegrind.)
     """
 
     _FLUSH = 4096  # rows buffered before they move to the columns
@@ -66,7 +69,12 @@ class RequestLog:
             return
         nan = float("nan")
         for col, values, nullable in zip(self._arrays, zip(*self._buffer), self._nullable):
-            col.extend([nan if v is None else v for v in values] if nullable else values)
+            if nullable:
+                values = [nan if v is None else v for v in values]
+            if isinstance(col, list):  # text
+                col.extend(values)
+            else:  # the values as the array's machine type, converted as ``extend`` would
+                col.frombytes(pack(f"{len(values)}{col.typecode}", *values))
         self._buffer.clear()
 
     def __len__(self) -> int:

@@ -40,13 +40,16 @@ most recently admitted request) over ``policies.reference_paged.ReferenceFreeQue
 ``simulator.reference_sglang.ReferenceSGLangReplica`` (SGLang's queue orders, reservation,
 retraction and chunked prefill) over ``policies.reference_radix.ReferenceRadixCache``.
 
-Cache tiers below the GPU (``allocator.tiers``, vllm-v1 and sglang): ``ReferenceTiers`` keeps each
-replica's tiers (``policies.reference_tier.PlainTier``) behind SimPy links, one process per
-transfer. A waiting request whose prefix continues in a tier *loads* it instead of being
-admitted (``ReferenceV1Replica.start_load``: it holds its GPU hit and fresh blocks, waits
-outside both queues, and returns to the front of the waiting queue when its last transfer
-ends); stores follow each tier's write policy, in one batch at the end of each scheduling
-and one at the end of each step. With tiers the engine yields once before each scheduling
+Cache tiers below the GPU (``allocator.tiers``, vllm-v0, vllm-v1 and sglang): ``ReferenceTiers``
+keeps each replica's tiers (``policies.reference_tier.PlainTier``) behind SimPy links, one
+process per transfer. A waiting request whose prefix continues in a tier *loads* it instead
+of being admitted (``ReferenceReplica.load_head``, ``ReferenceV1Replica.start_load``: it
+holds its GPU hit and fresh blocks, waits outside both queues, and returns to the front of
+the waiting queue when its last transfer ends); stores follow each tier's write policy, in
+one batch at the end of each scheduling and one at the end of each step. Under vllm-v0 the
+head is looked up after the never-fits check and before the batch limits (a load takes no
+batch slot), the load's blocks must fit above the watermark, and write-through stores the
+prompt blocks a prefill computed past its hit. With tiers the engine yields once before each scheduling
 (``timeout(0)``) so that transfers ending at that instant end first.
 """
 
@@ -66,6 +69,7 @@ from kvsim.policies.reference_contiguous import REFERENCE_PRESETS, ReferenceCont
 from kvsim.policies.reference_paged import (
     FRAGMENTED,
     NEVER,
+    NO_SPACE,
     OK,
     ReferenceFreeQueueAllocator,
     ReferencePagedAllocator,
@@ -117,6 +121,7 @@ class Group:
     cached_tokens: int = 0
     loaded_tokens: int = 0  # tokens loaded from cache tiers (allocator.tiers)
     load_wait_s: float = 0.0  # seconds spent loading before its first token
+    after_load: bool = False  # back from a load: its next admission counts no lookups, no hits
     reason: str | None = None
 
     @property
@@ -258,8 +263,9 @@ class ReferenceReplica:
         self.outstanding_tokens = 0  # prompt + output tokens of requests not yet ended
         self.wake_event: simpy.Event | None = None
         self.itl: list[tuple[float, int]] = []  # (gap between a sequence's tokens, s; sequences)
-        self.tiers: ReferenceTiers | None = None  # allocator.tiers (vllm-v1, sglang)
+        self.tiers: ReferenceTiers | None = None  # allocator.tiers
         self.loading: list[Group] = []  # requests loading from a tier: neither waiting nor running
+        self.computed: list[Entry] = []  # vllm-v0: prompt blocks this step's prefills compute (tiers)
         self.wake: Callable[[], None] = lambda: None  # wakes this replica's engine (set by the simulation)
 
     @property
@@ -301,11 +307,14 @@ class ReferenceReplica:
         step = Step()
         if not self.swapped and not (self.rules.request_level_batching and self.running):
             self.admit(step)
-            if step.prefill:
-                return step  # prefill-only
         elif self.waiting:
             self.blocked = "swapped" if self.swapped else "batch"
-        self.decode(step)
+        if not step.prefill:  # (a step that admits prompts is prefill-only)
+            self.decode(step)
+        if self.tiers is not None:  # this scheduling's stores go out after the loads it started
+            self.tiers.gpu_evicted(self.alloc.evicted)
+            self.alloc.evicted = []
+            self.tiers.flush_scheduling()
         return step
 
     def admit(self, step: Step) -> None:
@@ -323,6 +332,13 @@ class ReferenceReplica:
                     g, "rejected", f"needs more KV slots than the whole cache ({alloc.capacity})"
                 )
                 continue
+            if self.tiers is not None:
+                loading = self.load_head(g)
+                if loading is None:  # its blocks in a tier do not fit above the watermark
+                    self.blocked = NO_SPACE
+                    return
+                if loading:
+                    continue
             if verdict != OK:
                 self.blocked = verdict
                 return
@@ -333,7 +349,10 @@ class ReferenceReplica:
                 self.blocked = "limits"
                 return
             self.waiting.popleft()
-            cached = alloc.admit(g.seqs, g.prompt_len, finals, g.prefix)
+            if self.tiers is None:
+                cached = alloc.admit(g.seqs, g.prompt_len, finals, g.prefix)
+            else:
+                cached = self.admit_with_tiers(g, finals)
             new = g.prompt_len - cached
             g.cached_tokens = cached
             step.cached_tokens += cached
@@ -346,6 +365,72 @@ class ReferenceReplica:
             seqs += len(g.seqs)
             self.start_running(g)
             step.prefill.append(g)
+
+    # --- cache tiers (vllm-v0) ---------------------------------------------------------------------
+    def load_head(self, g: Group) -> bool | None:
+        """The head ``g`` looks its prompt's blocks up past its GPU hit in the cache tiers. None
+        found: False (admission goes on as usual). Found: if the GPU has free blocks for them
+        and for its hits only the cache holds, above the watermark, it loads them (holding its
+        hits and fresh blocks, counted as an admission's lookup and hits) and waits outside the
+        queues: True; else None (admission stops)."""
+        alloc, B = self.alloc, self.alloc.block_size
+        keys, hits = alloc.prefix_keys(g.prefix), alloc.cache_hits(g.prefix)
+        h = len(hits)
+        found = self.tiers.lookup(keys[h:])
+        if not found:
+            return False
+        k = len(found)
+        need = k + sum(1 for b in hits if alloc.holders[b] == 0)
+        if alloc.num_free() - need < self.rules.watermark_slots // B:
+            return None
+        self.waiting.popleft()
+        g.after_load = False
+        self.tier_gpu_hits(keys[:h], g.request.priority)
+        alloc.start_load(g.seqs[0], g.prefix, k)
+        g.status = "loading"
+        self.loading.append(g)
+        loaded, start = keys[h : h + k], self.now
+        self.tiers.start_load(loaded, found, g.request.priority,
+                              lambda done_s: self.load_ended(g, loaded, start, done_s))
+        return True
+
+    def load_ended(self, g: Group, keys: list[int], start_s: float, done_s: float) -> None:
+        """The last transfer of ``g``'s load ended at ``done_s``: its loaded blocks are cached
+        under ``keys`` and released with its hits (they stay cached); it goes back to the
+        front of the waiting queue, where its next admission hits them."""
+        self.alloc.finish_load(g.seqs[0], keys, g.request.priority)
+        self.back_from_load(g, len(keys), start_s, done_s)
+
+    def back_from_load(self, g: Group, blocks: int, start_s: float, done_s: float) -> None:
+        """``g``'s load of ``blocks`` blocks, from ``start_s`` to ``done_s``, ended (its
+        blocks are released): it counts toward TTFT's load part if no token came yet, goes
+        back to the front of the waiting queue, and its next admission counts no lookups."""
+        self.loading.remove(g)
+        g.loaded_tokens += blocks * self.alloc.block_size
+        if g.first_token_s is None:
+            g.load_wait_s += done_s - start_s
+        g.after_load = True
+        g.status = "waiting"
+        self.waiting.insert(0, g)  # (a deque, or sglang's list)
+        self.wake()
+
+    def admit_with_tiers(self, g: Group, finals: list[int]) -> int:
+        """Admit ``g`` with cache tiers below: its GPU hits count toward after-hits (unless
+        it is back from a load: counted then), and the prompt blocks it computes past its hit
+        are written through when the step ends."""
+        alloc, p = self.alloc, g.request.priority
+        keys, h = alloc.prefix_keys(g.prefix), len(alloc.cache_hits(g.prefix))
+        counted, g.after_load = not g.after_load, False
+        if counted:
+            self.tier_gpu_hits(keys[:h], p)
+        self.computed += [(x, alloc.parents[x], p) for x in keys[h:]]
+        return alloc.admit(g.seqs, g.prompt_len, finals, g.prefix, priority=p, counted=counted)
+
+    def tier_gpu_hits(self, keys: list[int], priority: int) -> None:
+        """An admission (or a load) hit ``keys`` in the GPU cache: the tiers count them
+        (write-through-after-hits), each with its parent and the request's ``priority``."""
+        if keys:
+            self.tiers.gpu_hits([(x, self.alloc.parents[x], priority) for x in keys])
 
     def decode(self, step: Step) -> None:
         """Rules 2 and 3: every running sequence appends a slot; preempt; swap in."""
@@ -469,6 +554,9 @@ class ReferenceReplica:
     # --- after the step -------------------------------------------------------------------------
     def complete(self, step: Step, now: float) -> None:
         """Every sequence of the batch gained a token; finished sequences free their memory."""
+        if self.computed:  # cache tiers: the prompt blocks the prefills computed
+            self.tiers.write_through(self.computed)
+            self.computed = []
         for g in step.prefill + step.decode:
             if g.first_token_s is None:
                 g.first_token_s = now
@@ -506,7 +594,6 @@ class V1Request(Group):
     num_computed: int = 0  # tokens whose KV is computed: 0 on arrival and after a preemption
     catch_up_to: int = 0  # num_tokens at its last admission: below it, it is prefilling
     keys: list[int] = field(default_factory=list)  # cache keys of its full blocks, by position
-    after_load: bool = False  # back from a load: its next admission counts no lookups, no hits
 
     @property
     def seq(self) -> int:
@@ -658,8 +745,8 @@ class ReferenceV1Replica(ReferenceReplica):
             return None
         self.waiting.popleft()
         counted, g.after_load = not g.after_load, False  # back from a load: counted then
-        if counted:
-            self.count_gpu_hits(g, len(hits))
+        if counted and self.tiers is not None:
+            self.tier_gpu_hits(g.keys[:len(hits)], g.request.priority)
         alloc.open(g.seq, hits, hit + n, g.final_len(g.seq), looked_up if counted else 0,
                    g.request.priority, count_hits=counted)
         g.num_computed = hit
@@ -687,7 +774,7 @@ class ReferenceV1Replica(ReferenceReplica):
             return None
         self.waiting.popleft()
         g.after_load = False
-        self.count_gpu_hits(g, h)
+        self.tier_gpu_hits(g.keys[:h], g.request.priority)
         alloc.open(g.seq, hits, (h + k) * B, (h + k) * B, looked_up, g.request.priority)
         g.status = "loading"
         self.loading.append(g)
@@ -705,21 +792,7 @@ class ReferenceV1Replica(ReferenceReplica):
         alloc = self.alloc
         alloc.register_full_blocks(g.seq, len(alloc.tables[g.seq]) * alloc.block_size, g.keys)
         alloc.free(g.seq)
-        self.loading.remove(g)
-        g.loaded_tokens += k * alloc.block_size
-        if g.first_token_s is None:
-            g.load_wait_s += done_s - start_s
-        g.after_load = True
-        g.status = "waiting"
-        self.waiting.appendleft(g)
-        self.wake()
-
-    def count_gpu_hits(self, g: V1Request, h: int) -> None:
-        """``g``'s admission (or load) hit its first ``h`` blocks in the GPU cache: the tiers
-        count them (write-through-after-hits), each with its parent and ``g``'s priority."""
-        if self.tiers is not None and h:
-            alloc = self.alloc
-            self.tiers.gpu_hits([(x, alloc.parents[x], g.request.priority) for x in g.keys[:h]])
+        self.back_from_load(g, k, start_s, done_s)
 
     def partial_prefills(self, step: Step) -> int:
         """Running requests that this step leaves mid-prefill (scheduled or not)."""
@@ -1203,7 +1276,7 @@ class ReferenceSimulation:
         for replica in self.replicas:
             replica.wake = lambda r=replica: self.wake(r)
         tiers = getattr(cfg.allocator, "tiers", [])
-        if tiers:  # the config allows them only under vllm-v1 with prefix caching
+        if tiers:  # the config allows them only with prefix caching (paged)
             B = cfg.allocator.block_size
             for replica in self.replicas:
                 replica.tiers = ReferenceTiers(self.env, tiers, B, B * cfg.model.spec.kv_bytes_per_token)

@@ -298,14 +298,7 @@ class ReferenceSGLangReplica(ReferenceReplica):
         """``g``'s last transfer ended at ``done_s``: its pages join the tree, it lets go of its
         slots and lock, and goes back to the front of the waiting queue."""
         self.alloc.finish(g.seq)
-        self.loading.remove(g)
-        g.loaded_tokens += k * self.alloc.page_size
-        if g.first_token_s is None:
-            g.load_wait_s += done_s - start_s
-        g.after_load = True
-        g.status = "waiting"
-        self.waiting.insert(0, g)
-        self.wake()
+        self.back_from_load(g, k, start_s, done_s)
 
     def count_gpu_hits(self, g: SGLangRequest, hit: int) -> None:
         """``g``'s admission (or load) hit its first ``hit`` tokens in the tree: one hit of each

@@ -16,6 +16,30 @@ Preempted groups are swapped out or recomputed (``preemption``): a recomputed
 group rejoins the *front* of the waiting queue with its generated tokens
 folded into its prompt. Request-level batching (FasterTransformer) admits a new
 batch only when the previous one has completely finished.
+
+Cache tiers below the GPU (``allocator.tiers``, ``simulator.cache_tiers``; as vLLM v0
+with an offloading connector such as LMCache, whose loads are made asynchronous here as
+in the v1 and sglang models). The TierStack's rules hold, with v0's prefix cache:
+
+- *Lookup and load*: when admission considers the head of the waiting queue (FCFS, after
+  the never-fits check, before the batch limits: a load takes no batch slot and no token
+  budget), its GPU hit (the cached run of its prompt's named full blocks, uncapped as v0's
+  hit is) is extended with the blocks some tier holds ready. If any, it loads instead of
+  being admitted: its hits (those only the cache holds) and ``k`` fresh blocks must fit
+  above the watermark, else admission stops (``NO_SPACE``). It holds them, waits outside
+  the queues and the batch, and at the load's end the loaded blocks are cached, it
+  releases them (they stay cached, evictable) and goes back to the *front* of the
+  waiting queue, where its next admission hits them (its lookups and hits were counted
+  when the load started: not again).
+- *Preemption*: a loaded request's blocks are cached GPU blocks like any: recomputation
+  frees its blocks (the cached ones stay cached), and its next admission looks them up
+  again, GPU first, then the tiers. Swap space (``hardware.swap_space_gib``) and a CPU
+  tier are separate memories: a swapped-out group's blocks go to the swap pool and come
+  back only by swap-in; a tier keeps prompt blocks only.
+- *Stores*: write-through stores the prompt blocks a prefill computed (those past its
+  hit) when its step ends; after-hits counts GPU hits at admission and load start;
+  write-back stores the cached blocks the GPU evicts (any take of a block: admission,
+  decode, copy-on-write, swap-in, a load), in one batch at the end of each scheduling.
 """
 
 from __future__ import annotations
@@ -29,11 +53,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvsim.policies.kv_allocator import Admission, KVAllocator, RunWeights
+from kvsim.policies.paged_allocator import PagedAllocator
+from kvsim.simulator.cache_tiers import TierStack, chain_parents
 from kvsim.simulator.cost_model.base import BatchShape, causal_attention_pairs
 from kvsim.simulator.decoding import beam_parent_counts, prefix_contents, sample_targets
 from kvsim.simulator.latency_histogram import LatencyHistogram
 from kvsim.simulator.sequence import DecodeClock, SequenceGroup, Status
 from kvsim.traces import Request
+
+INF = float("inf")
 
 
 @dataclass(frozen=True)
@@ -152,11 +180,13 @@ class Scheduler:
     A step costs work for the groups that join, leave or finish, not for all.
     """
 
-    #: When the next load from a cache tier ends (s): v0 has no cache tiers, so never. A class
-    #: constant, not a property: the fast path reads it for every run it plans.
-    next_load_s: float = float("inf")
+    #: When the next load from a cache tier ends (s; inf: none in flight). A class constant
+    #: shadowed by an attribute while loads are in flight, not a property: the fast path reads
+    #: it for every run it plans.
+    next_load_s: float = INF
 
-    def __init__(self, allocator: KVAllocator, limits: SchedulerSettings, on_terminal: Callable[[SequenceGroup], None]):
+    def __init__(self, allocator: KVAllocator, limits: SchedulerSettings, on_terminal: Callable[[SequenceGroup], None],
+                 tiers: TierStack | None = None):
         self.alloc = allocator
         self.limits = limits
         self.on_terminal = on_terminal  # called once per request when it ends
@@ -181,6 +211,19 @@ class Scheduler:
         # kept (group, releases then, verdict) instead of asking the allocator every step.
         self._releases = 0  # frees, swap-outs and beam re-seedings so far
         self._refused: tuple[SequenceGroup, int, Admission] | None = None
+        # Cache tiers below the GPU (module docstring): requests loading from them, by when their
+        # load ends: (end s, seq, group, start s, loaded keys); the prompt blocks this step's
+        # prefills computed, for write-through (keys, parents, priorities).
+        self.tiers = tiers
+        self.loading: list[tuple[float, int, SequenceGroup, float, list[int]]] = []
+        self.on_load: Callable[[float], None] | None = None  # the engine's wake-up at a load's end
+        self._computed: tuple[list, list, list] = ([], [], [])
+        self._writes_back = tiers is not None and tiers.stores_gpu_evictions
+        if tiers is not None:
+            if not (isinstance(allocator, PagedAllocator) and allocator.prefix_caching):
+                raise ValueError("cache tiers need the paged allocator's prefix cache (allocator.prefix_caching: true)")
+            if self._writes_back:
+                allocator.on_evict = tiers.gpu_evicted
 
     # --- arrivals --------------------------------------------------------------
     def add(self, request: Request, now: float) -> SequenceGroup:
@@ -212,7 +255,7 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.swapped)
+        return bool(self.waiting or self.running or self.swapped or self.loading)
 
     # --- one iteration -------------------------------------------------------------
     def schedule(self, now: float) -> Step:
@@ -224,17 +267,22 @@ class Scheduler:
             if self.waiting:  # (most decode steps: nothing waits, no call)
                 self._admit(step)
                 if step.prefill:
+                    if self.tiers is not None:
+                        self.tiers.flush_scheduling(now)
                     return step
         elif self.waiting:
             self.blocked = "swapped" if self.swapped else "batch"
         self._decode(step)
+        if self.tiers is not None:
+            self.tiers.flush_scheduling(now)
         return step
 
     def _admit(self, step: Step) -> None:
         """Admit waiting groups FCFS into ``step`` (something waits); say why the next is not."""
-        alloc, lim, shape = self.alloc, self.limits, step.shape
+        alloc, lim, shape, tiers = self.alloc, self.limits, step.shape, self.tiers
         refused = self._refused
-        if refused is not None and refused[0] is self.waiting[0] and refused[1] == self._releases:
+        if refused is not None and refused[0] is self.waiting[0] and refused[1] == self._releases \
+                and tiers is None:  # (with tiers a store turning readable may let the head load)
             self.blocked = refused[2]  # nothing released since it was refused: still refused
             return
         seqs = alloc.resident_kv()[0]  # every sequence on the GPU is running
@@ -247,6 +295,15 @@ class Scheduler:
                 self.waiting.popleft()
                 self._end(g, Status.REJECTED, f"needs more KV slots than the whole cache ({alloc.capacity})")
                 continue
+            if tiers is not None:
+                keys, hits = alloc.find_prefix(g.prefix)
+                found = tiers.lookup(keys[len(hits):], self.now)
+                if found:
+                    if alloc.num_free_blocks - alloc.load_blocks(hits, len(found)) < self.watermark_slots // alloc.block_size:
+                        self.blocked = Admission.NO_SPACE
+                        return
+                    self._start_load(self.waiting.popleft(), keys, hits, found)
+                    continue
             if verdict is not Admission.OK:
                 self.blocked = verdict
                 self._refused = (g, self._releases, verdict)
@@ -255,7 +312,10 @@ class Scheduler:
                 self.blocked = "limits"
                 return
             self.waiting.popleft()
-            cached = alloc.admit(g.seq_ids, g.prompt_len, final, g.prefix)
+            if tiers is None:
+                cached = alloc.admit(g.seq_ids, g.prompt_len, final, g.prefix)
+            else:
+                cached = self._admit_with_tiers(g, final, keys, hits)
             g.cached_tokens = cached
             step.cached_tokens += cached
             if g.recomputing:
@@ -267,6 +327,56 @@ class Scheduler:
             shape.prefill_attn_pairs += causal_attention_pairs(g.prompt_len - cached, cached)
             self._start_running(g)
             step.prefill.append(g)
+
+    # --- cache tiers below the GPU (module docstring) ---------------------------------
+    def _admit_with_tiers(self, g: SequenceGroup, final: int | list[int], keys: list[int], hits: list[int]) -> int:
+        """Admit ``g`` (its prompt's ``keys``, its GPU ``hits``) and tell the tiers: its hits
+        (after-hits counts them, unless back from a load: counted then), and the prompt blocks
+        its prefill computes (written through when the step ends)."""
+        p, h = g.request.priority, len(hits)
+        counted = not g.after_load
+        g.after_load = False
+        cached = self.alloc.admit(g.seq_ids, g.prompt_len, final, g.prefix, priority=p, counted=counted)
+        if counted:
+            self._count_gpu_hits(keys[:h], p)
+        computed = keys[h:]
+        if computed:
+            keys_out, parents, priorities = self._computed
+            keys_out += computed
+            parents += chain_parents(computed, keys[h - 1] if h else None)
+            priorities += [p] * len(computed)
+        return cached
+
+    def _count_gpu_hits(self, keys: list[int], priority: int) -> None:
+        """Tell the tiers a request hit ``keys`` in the GPU cache (write-through-after-hits counts them)."""
+        if keys and self.tiers.counts_gpu_hits:
+            self.tiers.gpu_hits(keys, chain_parents(keys, None), priority)
+
+    def _start_load(self, g: SequenceGroup, keys: list[int], hits: list[int], found: list[int]) -> None:
+        """``g`` loads the ``len(found)`` blocks after its GPU ``hits`` from the tiers ``found``
+        names: it holds its hits and fresh blocks, and waits outside the queues and the batch."""
+        h, k, p, s = len(hits), len(found), g.request.priority, g.seq_ids[0]
+        g.after_load = False
+        self._count_gpu_hits(keys[:h], p)
+        self.alloc.start_load(s, keys, hits, k)
+        loaded = keys[h:h + k]
+        done = self.tiers.start_load(loaded, found, self.now, p)
+        heapq.heappush(self.loading, (done, s, g, self.now, loaded))
+        self.next_load_s = self.loading[0][0]
+        if self.on_load is not None:
+            self.on_load(done)
+
+    def finish_loads(self, now: float) -> None:
+        """Loads that ended by ``now`` (s): their blocks are cached on the GPU and released, and
+        each request goes back to the front of the waiting queue (a GPU hit awaits it)."""
+        B = self.alloc.block_size
+        while self.loading and self.loading[0][0] <= now:
+            done, s, g, start, keys = heapq.heappop(self.loading)
+            self.alloc.finish_load(s, keys, g.request.priority)
+            self._releases += 1
+            g.back_from_load(len(keys) * B, start, done)
+            self.waiting.appendleft(g)
+        self.next_load_s = self.loading[0][0] if self.loading else INF
 
     def _start_running(self, g: SequenceGroup) -> None:
         """Join the running batch (its finish is filed once its next token is decided:
@@ -449,6 +559,8 @@ class Scheduler:
             return 0
         if self.beam_groups:
             return 0
+        if self.tiers is not None and (self.waiting or self._writes_back):
+            return 0  # a store turning readable may let the head load; each step's evictions are a batch
         if self.waiting and self.blocked == "swapped" and not self.swapped:
             return 0  # the swapped groups that blocked admission were aborted in this step
         return self._lockstep_room(limit, scheduled=1)
@@ -460,7 +572,7 @@ class Scheduler:
         Only when no admission or swap-in can follow a finish (nothing waits, nothing
         is swapped out) and no beams fork; the run goes on until the next finish.
         """
-        if self.waiting or self.swapped or self.beam_groups or not self.running:
+        if self.waiting or self.swapped or self.beam_groups or not self.running or self._writes_back:
             return 0
         return self._lockstep_room(limit, scheduled=0)
 
@@ -477,6 +589,9 @@ class Scheduler:
         """Every scheduled sequence gained one token (or one per iteration of a run:
         ``step`` followed by ``run``); finished sequences free memory."""
         if step.prefill:
+            if self._computed[0]:  # the prompt blocks its prefills computed (cache tiers)
+                computed, self._computed = self._computed, ([], [], [])
+                self.tiers.write_through(*computed, now)
             for g in step.prefill:  # the prefill samples each sequence's first token
                 g.gen_base += 1
                 if g.first_token is None:

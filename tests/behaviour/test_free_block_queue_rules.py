@@ -18,7 +18,7 @@ def test_extend_puts_the_blocks_at_the_tail_in_order():
     q = FreeBlockQueue([2])
     q.extend((7, 5))
     assert list(q) == [2, 7, 5] and 7 in q and 5 in q
-    assert q.popleft_many(3) == [2, 7, 5]
+    assert list(q.popleft_many(3)) == [2, 7, 5]
     assert not q and len(q) == 0
 
 

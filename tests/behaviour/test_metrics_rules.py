@@ -276,3 +276,24 @@ def test_the_request_log_holds_a_number_in_8_bytes():
         tracemalloc.stop()
     assert len(log) == rows
     assert held < 12 * rows * len(REQUEST_COLUMNS)
+
+
+def test_the_request_log_converts_each_value_as_its_column_type_does():
+    """Numbers move to the columns in bulk as machine values (``struct``): an integer column
+    keeps any int64 exactly, numpy integers included; a seconds column takes an int as
+    float() does; a row's values stay in their own columns and rows in their order."""
+    log = RequestLog()
+    first = list(REQUESTS[0])
+    first[0], first[5], first[4], first[-1] = 2**62 + 1, np.int64(-(2**63)), 3, np.float64(0.1)
+    second = list(REQUESTS[1])
+    second[0], second[6] = 2**63 - 1, 2**53 + 1
+    log.append(tuple(first))
+    log.append(tuple(second))
+    df = log.frame()
+    assert df["request_id"].tolist() == [2**62 + 1, 2**63 - 1]
+    assert df["prompt_tokens"].tolist() == [-(2**63), REQUESTS[1][5]]
+    assert df["output_tokens"].tolist() == [REQUESTS[0][6], 2**53 + 1]
+    assert df["arrival_s"].tolist() == [3.0, REQUESTS[1][4]] and df["load_wait_s"].tolist() == [0.1, 0.0]
+    for i, c in enumerate(REQUEST_COLUMNS):
+        if c not in ("request_id", "prompt_tokens", "output_tokens", "arrival_s", "load_wait_s", "reason"):
+            assert df[c].tolist() == [REQUESTS[0][i], REQUESTS[1][i]], c

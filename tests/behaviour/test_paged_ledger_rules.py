@@ -215,16 +215,16 @@ def test_v1_a_duplicate_stays_uncached_after_the_first_copy_is_evicted():
         a.name(s, keys, request_id=s, hit_blocks=0, lookups=1)
         a.register_full(s)
     first = a._tables[1][0]
-    assert a.lookup(keys, 9, 8) == [first]
+    assert list(a.lookup(keys, 9, 8)) == [first]
     a.free(1)
     a.open_seq(3, [], 24, 24)  # takes every free block: the cached ones are evicted
     a.name(3, [], request_id=3, hit_blocks=0, lookups=0)
-    assert a.lookup(keys, 9, 8) == []
+    assert list(a.lookup(keys, 9, 8)) == []
     a.free(3)
     assert a.extend(2, 4)
     a.register_full(2)
-    assert a.lookup(keys, 9, 8) == []
-    assert a.lookup(keys, 2, 9) == []  # the request's own block 1 is named, but block 0 misses
+    assert list(a.lookup(keys, 9, 8)) == []
+    assert list(a.lookup(keys, 2, 9)) == []  # the request's own block 1 is named, but block 0 misses
     a.check()
 
 
@@ -244,7 +244,7 @@ def test_v1_taking_a_cached_block_for_a_new_slot_forgets_it():
     assert a._tables[2][0] != cached
     assert a.try_append_all()
     assert a._tables[2][1] == cached
-    assert a.lookup(keys, 9, 8) == [] and a.evictions == 1
+    assert list(a.lookup(keys, 9, 8)) == [] and a.evictions == 1
     a.check()
 
 

@@ -56,7 +56,7 @@ def test_dense_map_does_what_a_dict_does(steps, size):
         elif op == "pop_many":
             assert m.pop_many(run) == [d.pop(k) for k in run if k in d]
         elif op == "leading":
-            assert m.leading(run) == _plain_leading(d, run)
+            assert list(m.leading(run)) == _plain_leading(d, run)
         else:
             present = [k for k in run if k in d]
             m.delete_many(present)
@@ -74,8 +74,8 @@ def test_long_runs_go_through_numpy_and_agree_with_the_short_path():
     assert not m.put_ints([5] * 0 + run[:1] + [7], [1, 2])  # one present: nothing stored
     assert 7 not in m and len(m) == n
     m[run[n - 50]] = ("u", 1, 2)  # boxed: not a small int, so a lookup stops there
-    assert m.leading(run) == list(range(n - 50))
-    assert m.leading([3] + run) == []  # never seen: a miss at once
+    assert list(m.leading(run)) == list(range(n - 50))
+    assert list(m.leading([3] + run)) == []  # never seen: a miss at once
     scattered = run[::-1][:n - 10] + [10**6]  # reversed, one beyond the array
     popped = m.pop_many(scattered)
     assert popped == [("u", 1, 2) if k == run[n - 50] else k - 1000 for k in run[::-1][:n - 10]]
@@ -83,7 +83,7 @@ def test_long_runs_go_through_numpy_and_agree_with_the_short_path():
     shuffled = [(k * 7919) % (3 * n) + 5 * n for k in range(n)]  # distinct, not a run
     assert m.put_ints(shuffled, list(range(n)))
     assert not m.put_ints(shuffled[1:] + [run[0]], list(range(n)))  # run[0] is present
-    assert m.leading(shuffled) == list(range(n)) and len(m) == n + 10
+    assert list(m.leading(shuffled)) == list(range(n)) and len(m) == n + 10
     assert m.pop_many(shuffled[:-1]) == list(range(n - 1)) and len(m) == 11
 
 
@@ -92,7 +92,7 @@ def test_pool_whole_table_paths_match_the_block_by_block_loop():
     big, small = QueuedBlockPool(3 * n, 16), QueuedBlockPool(3 * n, 16)
     for pool in (big, small):
         table = pool.allocate_many(n)
-        assert table == list(range(n))
+        assert list(table) == list(range(n))
         pool.hold(table[::3])  # a second holder of every third block
     # the big pool releases the whole table at once, the small one in short pieces
     freed_big = big.release_table(list(range(n))[::-1])

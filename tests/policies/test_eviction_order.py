@@ -223,7 +223,7 @@ def test_uncached_first_queue_takes_uncached_blocks_before_the_policys_victims()
     order.insert("y", 3)
     q.extend([4, 5])
     assert len(q) == 6 and 5 in q and list(q)[:4] == [0, 1, 2, 3]
-    assert q.popleft_many(5) == [0, 1, 2, 3, 5]
+    assert list(q.popleft_many(5)) == [0, 1, 2, 3, 5]
     q.append(0)  # uncached again: before x
     assert q.popleft() == 0
     q.remove(4)  # a hit on the free cached block x

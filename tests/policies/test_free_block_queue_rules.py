@@ -60,7 +60,7 @@ def test_a_hit_one_past_the_slot_array_is_refused_a_block_at_a_time():
 
 def test_appending_the_block_one_past_the_slot_array_grows_it():
     q = FreeBlockQueue(range(4))
-    assert q.popleft_many(4) == [0, 1, 2, 3]
+    assert list(q.popleft_many(4)) == [0, 1, 2, 3]
     q.append(4)
     q.append(0)
     assert list(q) == [4, 0] and 4 in q and 5 not in q
@@ -87,12 +87,12 @@ def test_a_wide_take_from_the_buffer_s_first_slot_moves_the_head_past_it(monkeyp
     q = FreeBlockQueue()
     q.extend([5, 6, 7])
     assert q.popleft() == 5 and list(q) == [6, 7] and len(q) == 2
-    assert q.popleft_many(2) == [6, 7] and not q
+    assert list(q.popleft_many(2)) == [6, 7] and not q
 
 
 def test_a_hit_on_a_used_block_keeps_the_never_used_blocks_a_range():
     q = FreeBlockQueue(range(10))
-    assert q.popleft_many(2) == [0, 1]
+    assert list(q.popleft_many(2)) == [0, 1]
     q.extend([0])
     q.remove_many([0])
     assert q._fresh == range(2, 10) and list(q) == list(range(2, 10))
@@ -124,7 +124,7 @@ def test_cached_blocks_are_filed_and_taken_only_after_the_uncached_ones():
     q.extend([4, 3, 9])
     assert list(q.uncached) == [5, 7, 9] and q.order.num_filed == 2 and len(q) == 5
     assert 3 in q and 4 in q
-    assert q.popleft_many(5) == [5, 7, 9, 3, 4]  # then x (one use) before y (two)
+    assert list(q.popleft_many(5)) == [5, 7, 9, 3, 4]  # then x (one use) before y (two)
     assert not q
 
 
@@ -146,4 +146,4 @@ def test_taking_back_a_cached_free_block_withdraws_it_once():
         q.remove(3)  # cached, but held: not filed
     with pytest.raises(ValueError, match=exactly("block 8 is not in the free queue")):
         q.remove(8)  # neither queued nor cached
-    assert q.popleft_many(2) == [5, 4]
+    assert list(q.popleft_many(2)) == [5, 4]

@@ -27,33 +27,33 @@ def test_key_chain_gives_the_block_by_block_keys(ops):
         source = prompts[base % len(prompts)]
         prompt = source[:cut] + [("h", c, len(source[:cut]) + j) for j, c in enumerate(new)]
         prompts.append(prompt)
-        assert chain.keys(prompt) == chain_keys_plain(plain, prompt)
+        assert list(chain.keys(prompt)) == chain_keys_plain(plain, prompt)
         assert len(chain) == len(plain)
     # every pair is found again, in any order, without creating keys
     for prompt in reversed(prompts):
-        assert chain.keys(prompt) == chain_keys_plain(plain, prompt)
+        assert list(chain.keys(prompt)) == chain_keys_plain(plain, prompt)
     assert len(chain) == len(plain)
 
 
 def test_key_chain_keeps_a_dict_entry_per_branch_not_per_block():
     chain = KeyChain()
     trunk = [("h", 0, j) for j in range(1000)]
-    assert chain.keys(trunk) == list(range(1000))
+    assert list(chain.keys(trunk)) == list(range(1000))
     assert chain.branches == {}  # one run from the root: key 0 follows parent -1
     fork = trunk[:600] + [("h", 1, j) for j in range(600, 900)]
-    assert chain.keys(fork) == list(range(600)) + list(range(1000, 1300))
+    assert list(chain.keys(fork)) == list(range(600)) + list(range(1000, 1300))
     assert chain.branches == {(599, ("h", 1, 600)): 1000}  # one entry for 300 new blocks
     # a prompt that runs along the trunk, onto the fork and back is walked from both
-    assert chain.keys(fork[:700]) == list(range(600)) + list(range(1000, 1100))
-    assert chain.keys(trunk[:5] + [("h", 9, 5)]) == [0, 1, 2, 3, 4, 1300]
+    assert list(chain.keys(fork[:700])) == list(range(600)) + list(range(1000, 1100))
+    assert list(chain.keys(trunk[:5] + [("h", 9, 5)])) == [0, 1, 2, 3, 4, 1300]
     assert len(chain) == 1301
 
 
 def test_key_chain_takes_any_iterable_and_empty_prompts():
     chain = KeyChain()
-    assert chain.keys(()) == [] and len(chain) == 0
-    assert chain.keys(iter([("p", 1, 0), ("p", 1, 1)])) == [0, 1]
-    assert chain.keys((("p", 1, 0),)) == [0]
+    assert list(chain.keys(())) == [] and len(chain) == 0
+    assert list(chain.keys(iter([("p", 1, 0), ("p", 1, 1)]))) == [0, 1]
+    assert list(chain.keys((("p", 1, 0),))) == [0]
 
 
 def test_queue_extend_keeps_order_and_refuses_a_queued_block():
@@ -104,14 +104,14 @@ def test_lookup_in_strides_is_the_plain_lookup(named, tokens, holes):
     for i, key in enumerate(block_identities(keys, 7, 0, 320)):  # cached: shared and own blocks
         if i not in holes:
             cache._cached[key] = i
-    assert cache.lookup(keys, 7, tokens) == _plain_lookup(cache, keys, 7, tokens)
+    assert list(cache.lookup(keys, 7, tokens)) == _plain_lookup(cache, keys, 7, tokens)
     assert cache.in_use(cache.lookup(keys, 7, tokens)) == 0
 
 
 def test_never_used_blocks_stay_a_range_until_one_is_taken_from_the_middle():
     q = FreeBlockQueue(range(10**6))  # an unbounded cache: no buffer entry per block
     assert len(q) == 10**6 and q._tail == 0 and 5 in q
-    assert q.popleft_many(3) == [0, 1, 2] and q.popleft() == 3
+    assert list(q.popleft_many(3)) == [0, 1, 2] and q.popleft() == 3
     q.extend([1, 0])  # freed blocks queue behind every never-used one
     assert q._tail == 2 and list(q)[:2] == [4, 5] and list(q)[-2:] == [1, 0]
     with pytest.raises(ValueError, match="block 7 is already in the free queue"):
@@ -124,7 +124,7 @@ def test_never_used_blocks_stay_a_range_until_one_is_taken_from_the_middle():
     small.remove_many([3])  # out of the middle of the never-used blocks: they spill into the buffer
     assert list(small) == [1, 2, 4, 5, 0] and len(small) == 5
     small.remove(1)
-    assert small.popleft_many(4) == [2, 4, 5, 0] and not small
+    assert list(small.popleft_many(4)) == [2, 4, 5, 0] and not small
     with pytest.raises(IndexError):
         small.popleft()
 
@@ -137,7 +137,7 @@ def test_queue_with_a_fresh_range_behaves_as_one_ordered_queue(ops):
     for op, x in ops:
         if op == "take" and model:
             n = 1 + x % len(model)
-            assert q.popleft_many(n) == model[:n]
+            assert list(q.popleft_many(n)) == model[:n]
             held += model[:n]
             del model[:n]
         elif op == "free" and held:

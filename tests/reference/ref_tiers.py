@@ -1,4 +1,4 @@
-"""Cache tiers (``allocator.tiers``) for the tier differential tests of vllm-v1 and sglang: a
+"""Cache tiers (``allocator.tiers``) for the tier differential tests of vllm-v1, sglang and v0: a
 tier of an exact block count, one or two tiers drawn by hypothesis or from a seeded
 ``random.Random``, and the measure of what seeded cases reach (loads, a second tier's
 loads, load waits, tier evictions, transfers queued for a link) that tells the

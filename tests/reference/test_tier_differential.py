@@ -152,3 +152,24 @@ def test_a_full_cpu_tier_writes_back_to_disk_and_the_load_comes_from_disk():
     assert (disk["stored_blocks"], disk["evictions"], disk["hit_blocks"]) == (4, 0, 2)
     assert ref.requests["loaded_tokens"].tolist() == [0, 0, 32]
     assert ref.requests["load_wait_s"].iloc[2] == pytest.approx(LOAD2, rel=1e-12)
+
+
+def test_a_load_refused_for_room_waits_for_an_event_as_in_the_reference():
+    """Found by hypothesis: at 3.524 s requests 4 and 7 start loads and 6 is refused for room
+    (its 64 tier blocks do not fit); the step is empty. The fast engine used to schedule again
+    at the same instant, after that scheduling's write-back batch had evicted part of 6's
+    blocks from the CPU tier, so its smaller load (42 blocks) now fit and began at 3.524 s;
+    the reference sleeps until an event, and 6 starts at 3.554 s, when 4's load ends (load
+    wait 0.200 s against the fast engine's former 0.231 s)."""
+    from kvsim.traces import Request
+
+    config = {'model': {'name': 'llama-2-7b', 'context_len_tokens': 256}, 'hardware': {'gpu': 'a100-80gb', 'kv_cache_gib': 0.14306640625, 'swap_space_gib': 0.0, 'num_replicas': 1}, 'workload': {'arrivals': {'kind': 'poisson', 'rate': 1.0}, 'num_requests': 1, 'lengths': {'kind': 'fixed', 'prompt_tokens': 1, 'output_tokens': 1}}, 'allocator': {'kind': 'paged', 'block_size': 1, 'prefix_caching': True, 'eviction_policy': 'lfu', 'tiers': [{'name': 'cpu', 'capacity_gib': 0.125, 'link': {'bandwidth_gb_s': 1.0, 'latency_s': 0.0}, 'eviction_policy': 'fifo', 'write_policy': 'write-back'}, {'name': 'disk', 'capacity_gib': 0.0, 'link': {'bandwidth_gb_s': 0.25, 'latency_s': 0.0}, 'eviction_policy': 'lru', 'write_policy': 'write-through'}]}, 'scheduler': {'policy': 'vllm-v1', 'max_num_seqs': 2, 'max_num_batched_tokens': 128, 'long_prefill_token_threshold': 5, 'max_num_partial_prefills': None, 'reserve_full_isl': True, 'router': 'round_robin'}, 'engine': {'macro_steps': True}, 'metrics': {'window': 'busy', 'step_table': False}, 'seed': 0}
+    # (id, arrival s, prompt tokens, output tokens, prefix, prefix tokens, priority)
+    rows = [
+        (0, 0.0, 7, 102, "p0", 16, 1), (1, 0.0, 111, 5, "p1", 64, 2), (2, 0.0, 66, 128, "p0", 66, 2),
+        (3, 0.0, 107, 98, "p2", 16, 0), (4, 0.0, 66, 119, "p1", 256, 0), (5, 0.31, 119, 95, "p1", 16, 1),
+        (6, 0.31, 101, 68, "p0", 64, 1), (7, 0.321, 125, 6, "p0", 100, 2), (8, 0.332, 88, 20, "p0", 64, 1),
+        (9, 0.343, 55, 66, "p1", 256, 0), (10, 0.343, 68, 13, "p2", 68, 0), (11, 0.413, 110, 41, "p0", 256, 1),
+    ]
+    requests = [Request(r, t, p, o, prefix_id=x, prefix_tokens=k, priority=q) for r, t, p, o, x, k, q in rows]
+    assert differences(config, requests) == []

@@ -172,10 +172,11 @@ def test_a_cpu_tier_loads_instead_of_recomputing_and_macro_steps_change_nothing(
     assert fast.summary["mean_ttft_load_ms"] > 0
 
 
-def test_tiers_are_a_config_error_outside_vllm_v1(tmp_path):
+def test_tiers_need_the_prefix_cache_and_after_hits_needs_its_write_policy(tmp_path):
+    """(vllm-v0 runs tiers too: ``test_cache_tiers_v0.py``.)"""
     p = tmp_path / "c.yaml"
-    p.write_text(config("[{name: cpu, capacity_gib: 1}]", policy="vllm-v0"))
-    with pytest.raises(ConfigError, match="vllm-v1 only"):
+    p.write_text(config("[{name: cpu, capacity_gib: 1}]").replace("  prefix_caching: true\n", ""))
+    with pytest.raises(ConfigError, match="needs allocator.prefix_caching true"):
         load_config(p)
     p.write_text(config("[{name: cpu, capacity_gib: 1, write_after_hits: 2}]"))
     with pytest.raises(ConfigError, match="write_after_hits"):

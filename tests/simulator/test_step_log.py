@@ -15,6 +15,7 @@ from kvsim.simulator.step_log import (
     StepLog,
     StepRow,
     StepTotals,
+    _as_block,
 )
 
 FLUSH_SIZES = st.sampled_from([1, 3, 7, 4096])  # 4096: the default, never reached here
@@ -213,3 +214,16 @@ def test_columns_are_the_row_fields_with_the_memory_classes_in_order():
 def test_unknown_window_is_rejected():
     with pytest.raises(ValueError, match="'steady'.*allowed are 'busy', 'saturated'"):
         StepLog(window="steady")
+
+
+def test_a_block_holds_each_value_as_float_would():
+    """Rows become float64 blocks by packing (``_as_block``): each value converts as float()
+    does (an int past 2**53 correctly rounded, numpy scalars and bools by value), in
+    STEP_COLUMNS order, row after row."""
+    width = len(STEP_COLUMNS)
+    rows = [tuple(range(width)),
+            tuple([2**53 + 1, np.int64(-7), np.float64(0.1), True] + [0.5 * i for i in range(width - 4)]),
+            tuple(float(-i) for i in range(width))]
+    block = _as_block(rows)
+    assert block.dtype == np.float64 and block.shape == (3, width)
+    assert block.tolist() == [[float(v) for v in row] for row in rows]

@@ -1,5 +1,5 @@
-"""Tier stacks and a step loop shared by the cache-tier tests of vllm-v1 and sglang
-(``test_cache_tiers.py``, ``test_cache_tiers_sglang.py``): tiers whose links take a round
+"""Tier stacks and a step loop shared by the cache-tier tests of vllm-v1, sglang and vllm-v0
+(``test_cache_tiers.py``, ``test_cache_tiers_sglang.py``, ``test_cache_tiers_v0.py``): tiers whose links take a round
 number of seconds, and a scheduler driven one step a second with every book checked after
 each step."""
 
@@ -24,7 +24,7 @@ def tier_stack(*levels: tuple[int, str, int, str], block_tokens: int,
 
 
 def run_steps(s, pending: list[Request], steps: int = 600) -> None:
-    """Runs scheduler ``s`` (v1 or sglang) one step a second from t=0 until ``pending`` is
+    """Runs scheduler ``s`` (v1, sglang or v0) one step a second from t=0 until ``pending`` is
     all added and ``s`` has no work, or ``steps`` steps: loads end when their time has
     come, requests are added at their arrival, and the allocator's and every tier's books
     are checked after each step. Raises if the work is not done within ``steps``."""
