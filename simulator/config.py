@@ -40,7 +40,11 @@ from pydantic import (
 from kvsim.policies.contiguous_allocator import contiguous_preset
 from kvsim.simulator.capacity import MemoryBudget, kv_slots, memory_budget
 from kvsim.simulator.cost_model.catalogue import GPUS, MODELS, GiB, GPUSpec, ModelSpec
-from kvsim.simulator.cost_model.roofline import RooflineParams, roofline_preset
+from kvsim.simulator.cost_model.roofline import (
+    RooflineParams,
+    default_efficiencies,
+    roofline_preset,
+)
 from kvsim.simulator.workload import WorkloadConfig, numbers_are_not_booleans
 
 
@@ -484,7 +488,8 @@ class _CostModelBase(Variant):
 class RooflineCostConfig(_CostModelBase):
     """``kind: roofline`` needs no GPU. ``efficiencies`` names a set of fitted constants
     (``simulator.cost_model.roofline.ROOFLINE_PRESETS``, e.g. measured-rtx4090): it sets the
-    three below, which may then not be given otherwise."""
+    three below, which may then not be given otherwise. Given neither, a config takes its GPU's
+    fit (``ExperimentConfig._roofline_fit``; the field defaults are the RTX 4090's)."""
 
     kind: Literal["roofline"] = "roofline"
     efficiencies: str | None = None
@@ -506,6 +511,11 @@ class RooflineCostConfig(_CostModelBase):
         if clash:
             raise ValueError(f"efficiencies {name!r} sets {', '.join(clash)}: give one or the other")
         return {**data, **preset}
+
+    def params(self) -> RooflineParams:
+        """The roofline's constants this section resolves to."""
+        return RooflineParams(compute_efficiency=self.compute_efficiency, memory_efficiency=self.memory_efficiency,
+                              step_overhead_s=self.step_overhead_s, swap_batched=self.swap_batched)
 
 
 class CalibratedCostConfig(_CostModelBase):
@@ -655,6 +665,31 @@ class ExperimentConfig(Strict):
             wanted = "request" if p.request_level_batching else "iteration"
             data["scheduler"] = {"batching": wanted, **sched}
         return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _roofline_fit(cls, data: Any) -> Any:
+        """A roofline without given constants takes the fit for ``hardware.gpu``
+        (``simulator.cost_model.roofline.GPU_FITS``: the GPU's own measured profile's, else the
+        fit across every profile). None given: the resolved config names the preset
+        (``efficiencies``); some given: each one given wins and the others come from the fit."""
+        if not isinstance(data, dict):
+            return data
+        cost = data.get("cost_model", {})
+        if isinstance(cost, RooflineCostConfig):
+            cost = cost.model_dump(exclude_unset=True)
+        if not isinstance(cost, dict) or cost.get("kind", "roofline") != "roofline" or cost.get("efficiencies"):
+            return data
+        hw = data.get("hardware", {})
+        gpu = hw.get("gpu", HardwareConfig().gpu) if isinstance(hw, dict) else getattr(hw, "gpu", None)
+        if not isinstance(gpu, str):
+            return data  # (the hardware section's own error)
+        name = default_efficiencies(gpu)
+        preset = roofline_preset(name)
+        given = {k: v for k, v in cost.items() if k in preset and v is not None}
+        rest = {k: v for k, v in cost.items() if k not in preset and k != "efficiencies"}
+        filled = {"efficiencies": name} if not given else {**preset, **given}
+        return {**data, "cost_model": {**rest, **filled}}
 
     @model_validator(mode="before")
     @classmethod

@@ -129,8 +129,7 @@ def make_cost_factory(cfg: ExperimentConfig, base_dir: Path) -> Callable[[], Cos
         overhead = c.step_overhead_s or 0.0  # unset: the GPU's work only
         return profiled_cost_factory(c.profile, base_dir, deployment, swap_batched=c.swap_batched,
                                      step_overhead_s=overhead)
-    params = RooflineParams(compute_efficiency=c.compute_efficiency, memory_efficiency=c.memory_efficiency,
-                            step_overhead_s=c.step_overhead_s, swap_batched=c.swap_batched)
+    params = c.params()
     return lambda: RooflineCostModel(cfg.model.spec, hw.spec, hw.tensor_parallel, block, kernel, params, hw.pcie)
 
 

@@ -116,6 +116,12 @@ class OperatorProfile:
     tp: dict[int, TPTables]
     source: str = field(default="", compare=False)  # file read from, for messages
 
+    @property
+    def times_lm_head(self) -> bool:
+        """Whether the profile measured the LM head (Vidur's do not): a roofline compared with
+        a profile that did not leaves it out too (``RooflineParams.lm_head``)."""
+        return "lm_head" in self.tp[min(self.tp)].per_sequence
+
     def to_dict(self) -> dict:
         def us(seconds):
             return [None if s is None else round(s * 1e6, 6) for s in seconds]

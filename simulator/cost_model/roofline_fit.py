@@ -26,18 +26,17 @@ overhead and factor at or above 0. Deterministic. ``main`` prints the three-para
 profile alone and to all at once (the presets) and, as a check, the four-parameter one.
 
 Results (``ROOFLINE_PRESETS``; the README has the error tables): RTX 4090 / Llama-3.1-8B
-alone 0.894 / 0.993 / 2.96 ms (the defaults, ``measured-rtx4090``); Vidur's A100 /
-Llama-3-8B alone 0.506 / 0.830 / 1.57 ms (``measured-a100``; close to the hand-picked
-0.6 / 0.8 / 1 ms, which were chosen for A100-class GPUs); both at once 0.755 / 1.000 (at its
-bound) / 3.49 ms (``measured-rtx4090-a100``). The joint fit is worse than each GPU's own on
-both (median |error| of prefill steps 22% vs 6% on the RTX 4090, 28% vs 6% on the A100): one
-set of efficiencies cannot be right on both GPUs, as issue 18 says, so the defaults stay the
-RTX 4090 fit (validated end to end against a real vLLM run on that GPU: with the joint fit
-as defaults the roofline's mean TTFT there goes from +1.3% to +7.7%, although every verdict of
-``kvsim reproduce vllm-paper --quick`` stays the same). The A100 extract
-also lacks the LM head (Vidur does not time it), which pulls a joint memory efficiency up,
-and its KV-cache write kernel is slow (0.55 ms a layer for a 1,024-token chunk), which the
-roofline does not model (prefill steps come out too fast there).
+alone 0.894 / 0.993 / 2.96 ms (``measured-rtx4090``); Vidur's A100 / Llama-3-8B alone
+0.511 / 0.831 / 2.20 ms (``measured-a100``); both at once 0.761 / 1.000 (at its bound) /
+3.93 ms (``measured-rtx4090-a100``). Like with like: a profile without an LM head (Vidur's)
+is compared with the roofline without it (``FitCase.lm_head``, ``RooflineParams.lm_head``);
+against the whole roofline the A100 fit was 0.506 / 0.830 / 1.57 ms, the missing head's
+0.6 ms hidden in its overhead. The joint fit is worse than each GPU's own on both (median
+|error| of prefill steps 21% vs 6% on the RTX 4090, 28% vs 6% on the A100): one set of
+efficiencies cannot be right on both GPUs, as issue 18 says, so each GPU with a profile uses
+its own fit by default and every other GPU the joint one (``roofline.GPU_FITS``). The A100
+profile's KV-cache write kernel is slow (0.55 ms a layer for a 1,024-token chunk), which
+the roofline does not model (the A100 fit absorbs it into a low compute efficiency).
 
 The block-size slope of the paged factor (``paged_overhead_per_block``) is not fitted: a
 profile measured at one block size cannot separate it from the base (it is kept, and the
@@ -93,6 +92,7 @@ class FitCase:
     kinds: tuple[str, ...]
     shapes: tuple[BatchShape, ...]
     measured_s: tuple[float, ...]
+    lm_head: bool = True  # the profile times the LM head; if not, the roofline leaves it out too
 
 
 @dataclass(frozen=True)
@@ -115,7 +115,7 @@ def case_from_profile(name: str, gpu: str, model: str) -> FitCase:
         warnings.simplefilter("ignore", ProfileExtrapolationWarning)
         measured = tuple(profiled.step_time(s) for _, s in pairs)
     return FitCase(prof.name, gpu, model, profiled.block_size, tuple(k for k, _ in pairs),
-                   tuple(s for _, s in pairs), measured)
+                   tuple(s for _, s in pairs), measured, prof.times_lm_head)
 
 
 def real_profile_cases() -> list[FitCase]:
@@ -130,7 +130,9 @@ def with_factor(params: RooflineParams, factor: float, block_size: int) -> Roofl
 
 
 def predict(case: FitCase, params: RooflineParams) -> np.ndarray:
-    """The roofline's step times (s) on the case's grid."""
+    """The roofline's step times (s) on the case's grid (without the LM head where the profile
+    has none: like with like)."""
+    params = replace(params, lm_head=params.lm_head and case.lm_head)
     roofline = RooflineCostModel(MODELS[case.model], GPUS[case.gpu], block_size=case.block_size, params=params)
     return np.array([roofline.step_time(s) for s in case.shapes])
 

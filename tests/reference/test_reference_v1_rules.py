@@ -267,7 +267,7 @@ def test_what_v1_cannot_run_is_rejected_on_arrival():
 
 def test_a_preempted_request_waits_at_the_front_and_nobody_is_admitted_that_step(monkeypatch):
     """16 slots in 4 blocks of B = 4, budget 5, reserve_full_isl off. r0 and r1: 4-token
-    prompts, 6 output tokens, at t = 0; r2: 1 token, 1 output token, arrives at t = 0.03
+    prompts, 6 output tokens, at t = 0; r2: 1 token, 1 output token, arrives at t = 0.035
     (during step 3, when no block is free).
 
     step 0: [r0: 4, r1: 1]   r1 gets the budget's last token (one block each)
@@ -282,10 +282,10 @@ def test_a_preempted_request_waits_at_the_front_and_nobody_is_admitted_that_step
     step 8: [r1: 1]          r1 finishes
     """
     config = v1_config(16, 16, 4, 5, reserve_full_isl=False)
-    requests = [Request(0, 0.0, 4, 6), Request(1, 0.0, 4, 6), Request(2, 0.03, 1, 1)]
+    requests = [Request(0, 0.0, 4, 6), Request(1, 0.0, 4, 6), Request(2, 0.035, 1, 1)]
     result, chunks, preempted = run(config, requests, monkeypatch)
     starts = result.steps["start_s"].tolist()
-    assert starts[3] < 0.03 < starts[4], "r2 must arrive during step 3"
+    assert starts[3] < 0.035 < starts[4], "r2 must arrive during step 3"
     assert chunks == (
         [[(0, 4), (1, 1)], [(0, 1), (1, 3)]]
         + [[(0, 1), (1, 1)]] * 3
