@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from kvsim.gpu_validation.raw_rows import Row
 from kvsim.simulator.cost_model.calibration_profile import (
     AffineFit,
     DecodeFit,
@@ -25,8 +26,6 @@ from kvsim.simulator.cost_model.calibration_profile import (
     SwapMode,
     TransferFit,
 )
-
-Row = dict  # one measurement: the CSV row, with a "section" and "seconds"
 
 
 def sig(x: float, digits: int = 6) -> float:
@@ -61,28 +60,35 @@ def nonneg_relative_lstsq(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, flo
     return best, rel_rmse
 
 
+def _fit(X: np.ndarray, seconds: Sequence[float]) -> tuple[np.ndarray, dict[str, float | int]]:
+    """``nonneg_relative_lstsq`` of ``seconds`` on ``X``: the coefficients, and the
+    ``FitQuality`` keywords every fit stores (error to 3 significant digits, point count)."""
+    coef, err = nonneg_relative_lstsq(X, np.asarray(seconds))
+    return coef, {"rel_rmse": sig(err, 3), "points": len(seconds)}
+
+
 def fit_decode(
     kv_bytes: Sequence[float], seq_heads: Sequence[float], seconds: Sequence[float]
 ) -> DecodeFit:
     X = np.column_stack([np.ones(len(seconds)), kv_bytes, seq_heads])
-    (a, b, c), err = nonneg_relative_lstsq(X, np.asarray(seconds))
-    return DecodeFit(sig(a), sig(b), sig(c), sig(err, 3), len(seconds))
+    (a, b, c), quality = _fit(X, seconds)
+    return DecodeFit(sig(a), sig(b), sig(c), **quality)
 
 
 def fit_affine(x: Sequence[float], seconds: Sequence[float]) -> AffineFit:
     X = np.column_stack([np.ones(len(seconds)), x])
-    (a, b), err = nonneg_relative_lstsq(X, np.asarray(seconds))
-    return AffineFit(sig(a), sig(b), sig(err, 3), len(seconds))
+    (a, b), quality = _fit(X, seconds)
+    return AffineFit(sig(a), sig(b), **quality)
 
 
 def fit_transfer(
     transfers: Sequence[float], nbytes: Sequence[float], seconds: Sequence[float]
 ) -> TransferFit:
     X = np.column_stack([transfers, nbytes])
-    (lat, inv_bw), err = nonneg_relative_lstsq(X, np.asarray(seconds))
+    (lat, inv_bw), quality = _fit(X, seconds)
     if inv_bw <= 0:  # latency explained everything (tiny transfers only): bound bandwidth
         inv_bw = float(np.min(np.asarray(seconds) / np.asarray(nbytes, dtype=float)))
-    return TransferFit(sig(lat), sig(1.0 / inv_bw), sig(err, 3), len(seconds))
+    return TransferFit(sig(lat), sig(1.0 / inv_bw), **quality)
 
 
 def fit_gemm_fallback(rows: Iterable[Row], dtype_bytes: int = 2) -> GemmRoofline:
@@ -102,15 +108,23 @@ def fit_gemm_fallback(rows: Iterable[Row], dtype_bytes: int = 2) -> GemmRoofline
     return GemmRoofline(sig(max(0.0, float(np.median(rest)))), sig(f_rate), sig(b_rate))
 
 
+def gemm_table(n: int, k: int, seconds_by_m: dict[int, float]) -> GemmTable:
+    """The table of one ``[m, k] @ [k, n]`` shape: token counts ``m`` in increasing order,
+    seconds to 6 significant digits."""
+    ms = sorted(seconds_by_m)
+    return GemmTable(n, k, tuple(ms), tuple(sig(seconds_by_m[m]) for m in ms))
+
+
 def gemm_tables(rows: Iterable[Row]) -> dict[tuple[int, int], GemmTable]:
     by_shape: dict[tuple[int, int], dict[int, float]] = defaultdict(dict)
     for r in rows:
         by_shape[(int(r["n"]), int(r["k"]))][int(r["m"])] = float(r["seconds"])
-    tables = {}
-    for (n, k), points in by_shape.items():
-        ms = sorted(points)
-        tables[(n, k)] = GemmTable(n, k, tuple(ms), tuple(sig(points[m]) for m in ms))
-    return tables
+    return {(n, k): gemm_table(n, k, points) for (n, k), points in by_shape.items()}
+
+
+def reported_gbps(nbytes: float, seconds: float) -> float:
+    """A transfer's rate as the profile reports it: 1e9 bytes/s, 4 significant digits."""
+    return sig(nbytes / seconds / 1e9, 4)
 
 
 def _select(rows: Iterable[Row], section: str, **match) -> list[Row]:
@@ -135,7 +149,7 @@ def _swap_mode(rows: list[Row], mode: str) -> SwapMode:
             if bs not in largest or r["bytes"] > largest[bs]["bytes"]:
                 largest[bs] = r
         gbps[direction] = {
-            bs: sig(r["bytes"] / r["seconds"] / 1e9, 4) for bs, r in sorted(largest.items())
+            bs: reported_gbps(r["bytes"], r["seconds"]) for bs, r in sorted(largest.items())
         }
     return SwapMode(fits["out"], fits["in"], gbps["out"], gbps["in"])
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import partial
 
 import torch
@@ -26,6 +26,7 @@ from kvsim.gpu_validation.paged_attention import (
     num_sms,
     paged_decode_attention,
 )
+from kvsim.gpu_validation.raw_rows import Row, swap_columns
 from kvsim.gpu_validation.timing import Timer
 from kvsim.simulator.cost_model.gemm_shapes import catalogue_gemms
 
@@ -152,6 +153,17 @@ def timed(timer: Timer, fn, label: str, **kw) -> float | None:
         return None
 
 
+def time_row(
+    rows: list[Row], timer: Timer, fn, label: str, *, reps: int | None = None, **columns
+) -> float | None:
+    """``timed`` one point and, when it ran, append its row: ``columns``, then ``seconds``
+    (the median, in seconds). Returns the seconds, or None for a skipped point."""
+    t = timed(timer, fn, label, reps=reps)
+    if t is not None:
+        rows.append({**columns, "seconds": t})
+    return t
+
+
 def kv_bytes(num_tokens: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
     """Bytes of K and V for ``num_tokens`` tokens of one layer."""
     return 2 * num_tokens * num_kv_heads * head_dim * torch.finfo(dtype).bits // 8
@@ -260,24 +272,20 @@ def tune_decode(
             break
         for kernel in timings:
             fn, _ = bench.runner(kernel, batch, context, 16, cfg)
-            t = timed(timer, fn, f"tune {kernel} {cfg}")
-            if t is None:
-                continue
-            timings[kernel].append((t, cfg))
-            rows.append(
-                dict(
-                    section="tune",
-                    kernel=kernel,
-                    block_size=16 if kernel == "paged" else 0,
-                    batch=batch,
-                    context=context,
-                    tile=cfg.tile,
-                    num_warps=cfg.num_warps,
-                    num_stages=cfg.num_stages,
-                    programs_per_sm=cfg.programs_per_sm,
-                    seconds=t,
-                )
+            t = time_row(
+                rows,
+                timer,
+                fn,
+                f"tune {kernel} {cfg}",
+                section="tune",
+                kernel=kernel,
+                block_size=16 if kernel == "paged" else 0,
+                batch=batch,
+                context=context,
+                **asdict(cfg),
             )
+            if t is not None:
+                timings[kernel].append((t, cfg))
     best = {}
     for kernel, ts in timings.items():
         if not ts:
@@ -299,25 +307,20 @@ def measure_decode(
         for kernel, bs in kinds:
             cfg = configs[kernel]
             fn, splits = bench.runner(kernel, batch, context, bs, cfg)
-            t = timed(timer, fn, f"decode {kernel} bs={bs} batch={batch} context={context}")
-            if t is None:
-                continue
-            rows.append(
-                dict(
-                    section="decode",
-                    kernel=kernel,
-                    block_size=bs,
-                    batch=batch,
-                    context=context,
-                    num_splits=splits,
-                    tile=cfg.tile,
-                    num_warps=cfg.num_warps,
-                    num_stages=cfg.num_stages,
-                    programs_per_sm=cfg.programs_per_sm,
-                    kv_bytes=kv_bytes(batch * context, g.num_kv_heads, g.head_dim, g.dtype),
-                    seq_heads=batch * g.num_kv_heads,
-                    seconds=t,
-                )
+            time_row(
+                rows,
+                timer,
+                fn,
+                f"decode {kernel} bs={bs} batch={batch} context={context}",
+                section="decode",
+                kernel=kernel,
+                block_size=bs,
+                batch=batch,
+                context=context,
+                num_splits=splits,
+                **asdict(cfg),
+                kv_bytes=kv_bytes(batch * context, g.num_kv_heads, g.head_dim, g.dtype),
+                seq_heads=batch * g.num_kv_heads,
             )
     return rows, False
 
@@ -330,19 +333,17 @@ def measure_split_effect(bench: DecodeBench, timer: Timer, config: DecodeConfig)
     for label, splits in (("single_pass", 1), ("split_kv", None)):
         bs = 16 if 16 in g.block_sizes else g.block_sizes[0]
         fn, used = bench.runner("paged", batch, context, bs, config, splits)
-        t = timed(timer, fn, f"split-KV effect {label}")
-        if t is None:
-            continue
-        rows.append(
-            dict(
-                section="split_kv",
-                kernel=label,
-                batch=batch,
-                context=context,
-                num_splits=used,
-                kv_bytes=kv_bytes(batch * context, g.num_kv_heads, g.head_dim, g.dtype),
-                seconds=t,
-            )
+        time_row(
+            rows,
+            timer,
+            fn,
+            f"split-KV effect {label}",
+            section="split_kv",
+            kernel=label,
+            batch=batch,
+            context=context,
+            num_splits=used,
+            kv_bytes=kv_bytes(batch * context, g.num_kv_heads, g.head_dim, g.dtype),
         )
     return rows
 
@@ -351,10 +352,9 @@ def measure_memcpy(device: torch.device, timer: Timer, nbytes: int = 1 << 30) ->
     """Device-to-device copy: the bandwidth a streaming kernel can practically reach."""
     src = torch.empty(nbytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    t = timed(timer, lambda: dst.copy_(src), "memcpy")
-    return (
-        [] if t is None else [dict(section="memcpy", bytes=2 * nbytes, seconds=t)]
-    )  # read + write
+    rows: list[Row] = []
+    time_row(rows, timer, lambda: dst.copy_(src), "memcpy", section="memcpy", bytes=2 * nbytes)
+    return rows  # bytes: each read once and written once
 
 
 def measure_gemm(
@@ -373,10 +373,9 @@ def measure_gemm(
             x_by_k[k] = torch.randn(max_m, k, generator=gen, device=device, dtype=grid.dtype)
         for m in grid.gemm_ms:
             x = x_by_k[k][:m]
-            t = timed(timer, partial(F.linear, x, w), f"gemm m={m} n={n} k={k}")
-            if t is None:
-                continue
-            rows.append(dict(section="gemm", m=m, n=n, k=k, flops=2 * m * n * k, seconds=t))
+            label = f"gemm m={m} n={n} k={k}"
+            fn = partial(F.linear, x, w)
+            time_row(rows, timer, fn, label, section="gemm", m=m, n=n, k=k, flops=2 * m * n * k)
         del w
     return rows, False
 
@@ -395,23 +394,17 @@ def measure_prefill(
             torch.randn(batch, H, length, D, generator=gen, device=device, dtype=grid.dtype)
             for _ in range(3)
         )
-        t = timed(
+        pairs = batch * length * (length + 1) // 2
+        time_row(
+            rows,
             timer,
             partial(F.scaled_dot_product_attention, q, k, v, is_causal=True),
             f"prefill {batch}x{length}",
-        )
-        if t is None:
-            continue
-        pairs = batch * length * (length + 1) // 2
-        rows.append(
-            dict(
-                section="prefill",
-                batch=batch,
-                context=length,
-                pairs=pairs,
-                flops=4 * H * D * pairs,
-                seconds=t,
-            )
+            section="prefill",
+            batch=batch,
+            context=length,
+            pairs=pairs,
+            flops=4 * H * D * pairs,
         )
     return rows, False
 
@@ -464,11 +457,15 @@ def _measure_pool_at(
             continue
         perm = torch.randperm(num_blocks, generator=gen)[: 2 * n]
         src, dst = perm[:n].to(device), perm[n:].to(device)
-        t = timed(timer, partial(copy_blocks, pool.kv, src, dst), f"block copy bs={bs} n={n}")
-        if t is None:
-            continue
-        rows.append(
-            dict(section="block_copy", block_size=bs, blocks=n, bytes=n * block_bytes, seconds=t)
+        time_row(
+            rows,
+            timer,
+            partial(copy_blocks, pool.kv, src, dst),
+            f"block copy bs={bs} n={n}",
+            section="block_copy",
+            block_size=bs,
+            blocks=n,
+            bytes=n * block_bytes,
         )
     for mode in ("per_block", "batched"):
         batched = mode == "batched"
@@ -490,19 +487,7 @@ def _measure_pool_at(
                     continue
                 # per-block mode issues thousands of copies per call: fewer repetitions
                 reps = None if batched else max(3, timer.reps // 2)
-                t = timed(timer, fn, f"swap {mode} {direction} bs={bs} n={n}", reps=reps)
-                if t is None:
-                    continue
-                rows.append(
-                    dict(
-                        section="swap",
-                        mode=mode,
-                        direction=direction,
-                        block_size=bs,
-                        blocks=n,
-                        transfers=transfers,
-                        bytes=n * block_bytes,
-                        seconds=t,
-                    )
-                )
+                label = f"swap {mode} {direction} bs={bs} n={n}"
+                columns = swap_columns(mode, direction, bs, n, transfers, n * block_bytes)
+                time_row(rows, timer, fn, label, reps=reps, **columns)
     return rows

@@ -15,6 +15,17 @@ pool tensor works as is):
 - ``block_tables``: ``[num_seqs, max_blocks]`` int32 physical block numbers
 - ``context_lens``: ``[num_seqs]`` int32, tokens of K/V each sequence reads (>= 1)
 
+Keyword options, the same for both entry points (``paged_decode_attention``,
+``contiguous_decode_attention``; their defaults live in ``_launch``):
+
+- ``scale``: the softmax scale, default ``1/sqrt(head_dim)``;
+- ``max_context_len`` (tokens): sizes the splits; without it the kernel reads it from
+  ``context_lens`` (one device sync);
+- ``num_splits``: None picks split-KV automatically (``choose_num_splits``), 1 forces a
+  single pass;
+- ``config``: the ``DecodeConfig`` launch parameters, default ``DecodeConfig()``;
+- ``out``: a ``[num_seqs, num_q_heads, head_dim]`` tensor to write into (else a new one).
+
 Design (for a memory-bound kernel on Hopper-class GPUs):
 
 - One program per (sequence, KV head[, split]) handles all query heads of the GQA group
@@ -41,6 +52,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton
@@ -300,12 +312,14 @@ def _launch(
     *,
     paged: bool,
     block_size: int,
-    scale: float | None,
-    max_context_len: int | None,
-    num_splits: int | None,
-    config: DecodeConfig,
-    out: torch.Tensor | None,
+    scale: float | None = None,
+    max_context_len: int | None = None,
+    num_splits: int | None = None,
+    config: DecodeConfig | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
+    """The launch behind both entry points; the keyword options are the module docstring's."""
+    config = config or DecodeConfig()
     num_seqs, num_q_heads, head_dim = q.shape
     num_kv_heads = k.shape[2]
     group = num_q_heads // num_kv_heads
@@ -404,19 +418,12 @@ def paged_decode_attention(
     v_cache: torch.Tensor,
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
-    *,
-    scale: float | None = None,
-    max_context_len: int | None = None,
-    num_splits: int | None = None,
-    config: DecodeConfig | None = None,
-    out: torch.Tensor | None = None,
+    **options: Any,
 ) -> torch.Tensor:
     """Decode attention over a paged KV cache; returns ``[num_seqs, num_q_heads, head_dim]``.
 
-    ``scale`` defaults to ``1/sqrt(head_dim)``. ``num_splits=None`` picks split-KV
-    automatically (``choose_num_splits``); 1 forces a single pass. ``max_context_len``
-    (tokens) sizes the splits; without it the kernel reads it from ``context_lens``
-    (one device sync).
+    ``options``: ``scale``, ``max_context_len``, ``num_splits``, ``config``, ``out``
+    (keyword only; meanings and defaults in the module docstring).
     """
     _check_common(q, k_cache, v_cache, context_lens)
     block_size = k_cache.shape[1]
@@ -438,41 +445,16 @@ def paged_decode_attention(
         context_lens,
         paged=True,
         block_size=block_size,
-        scale=scale,
-        max_context_len=max_context_len,
-        num_splits=num_splits,
-        config=config or DecodeConfig(),
-        out=out,
+        **options,
     )
 
 
 def contiguous_decode_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    context_lens: torch.Tensor,
-    *,
-    scale: float | None = None,
-    max_context_len: int | None = None,
-    num_splits: int | None = None,
-    config: DecodeConfig | None = None,
-    out: torch.Tensor | None = None,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context_lens: torch.Tensor, **options: Any
 ) -> torch.Tensor:
-    """The same kernel over per-sequence contiguous K/V ``[num_seqs, max_context, kv_heads, dim]``."""
+    """The same kernel over per-sequence contiguous K/V ``[num_seqs, max_context, kv_heads, dim]``
+    (``options`` as for ``paged_decode_attention``)."""
     _check_common(q, k, v, context_lens)
     if k.shape[0] != q.shape[0]:
         raise ValueError(f"contiguous K has {k.shape[0]} sequences, q has {q.shape[0]}")
-    return _launch(
-        q,
-        k,
-        v,
-        None,
-        context_lens,
-        paged=False,
-        block_size=1,
-        scale=scale,
-        max_context_len=max_context_len,
-        num_splits=num_splits,
-        config=config or DecodeConfig(),
-        out=out,
-    )
+    return _launch(q, k, v, None, context_lens, paged=False, block_size=1, **options)

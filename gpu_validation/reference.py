@@ -56,9 +56,11 @@ def reference_contiguous_decode_attention(
     context_lens: torch.Tensor,
     scale: float | None = None,
 ) -> torch.Tensor:
-    """Same contract as ``contiguous_decode_attention``; output in ``q.dtype``."""
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    out = torch.empty_like(q)
-    for s, n in enumerate(context_lens.tolist()):
-        out[s] = attend_one(q[s], k[s, :n], v[s, :n], scale).to(q.dtype)
-    return out
+    """Same contract as ``contiguous_decode_attention``; output in ``q.dtype``.
+
+    Contiguous ``k``/``v`` ``[num_seqs, max_context, kv_heads, dim]`` are a paged cache
+    whose block ``s`` (``max_context`` tokens) holds all of sequence ``s``: the paged
+    reference reads them through that one-block-per-sequence table.
+    """
+    one_block_each = torch.arange(k.shape[0], dtype=torch.int32, device=k.device)[:, None]
+    return reference_paged_decode_attention(q, k, v, one_block_each, context_lens, scale)

@@ -12,11 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvsim.gpu_validation.fitting import gemm_table, reported_gbps, sig
 from kvsim.simulator.cost_model.calibration_profile import (
     AffineFit,
     DecodeFit,
     GemmRoofline,
-    GemmTable,
     Profile,
     ProfileMetadata,
     SwapMode,
@@ -27,10 +27,6 @@ from kvsim.simulator.cost_model.gemm_shapes import catalogue_gemms
 
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 GEMM_MS = (1, 8, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
-
-
-def _sig(x: float) -> float:
-    return float(f"{x:.6g}")
 
 
 @dataclass(frozen=True)
@@ -65,7 +61,7 @@ def synthetic_profile(spec: SyntheticSpec = SyntheticSpec()) -> Profile:
     decode_paged = {
         bs: DecodeFit(
             spec.launch_s,
-            _sig(contiguous_b * (spec.paged_base + spec.paged_per_block / bs)),
+            sig(contiguous_b * (spec.paged_base + spec.paged_per_block / bs)),
             spec.per_program_s,
         )
         for bs in BLOCK_SIZES
@@ -76,10 +72,10 @@ def synthetic_profile(spec: SyntheticSpec = SyntheticSpec()) -> Profile:
         spec.gemm_memory_efficiency * spec.hbm_bytes_per_s,
     )
     tables = {
-        (n, k): GemmTable(n, k, GEMM_MS, tuple(_sig(gemm.seconds(m, n, k)) for m in GEMM_MS))
+        (n, k): gemm_table(n, k, {m: gemm.seconds(m, n, k) for m in GEMM_MS})
         for n, k in catalogue_gemms()
     }
-    copy = AffineFit(spec.launch_s, _sig(2.0 / (spec.copy_efficiency * spec.hbm_bytes_per_s)))
+    copy = AffineFit(spec.launch_s, sig(2.0 / (spec.copy_efficiency * spec.hbm_bytes_per_s)))
     link = TransferFit(spec.transfer_latency_s, spec.host_bytes_per_s)
 
     def gbps(per_block: bool) -> dict[int, float]:
@@ -89,7 +85,7 @@ def synthetic_profile(spec: SyntheticSpec = SyntheticSpec()) -> Profile:
             blocks = max(1, spec.swap_bytes // block_bytes)
             transfers = 2 * spec.pool_layers * blocks if per_block else spec.pool_layers
             nbytes = blocks * block_bytes
-            out[bs] = float(f"{nbytes / link.seconds(transfers, nbytes) / 1e9:.4g}")
+            out[bs] = reported_gbps(nbytes, link.seconds(transfers, nbytes))
         return out
 
     per_block, batched = gbps(True), gbps(False)
@@ -111,10 +107,10 @@ def synthetic_profile(spec: SyntheticSpec = SyntheticSpec()) -> Profile:
         metadata=metadata,
         decode_shape={"num_kv_heads": 8, "head_dim": 128, "group": 4},
         decode_paged=decode_paged,
-        decode_contiguous=DecodeFit(spec.launch_s, _sig(contiguous_b), spec.per_program_s),
-        prefill=AffineFit(spec.launch_s, _sig(1.0 / (spec.prefill_efficiency * spec.tensor_flops))),
+        decode_contiguous=DecodeFit(spec.launch_s, sig(contiguous_b), spec.per_program_s),
+        prefill=AffineFit(spec.launch_s, sig(1.0 / (spec.prefill_efficiency * spec.tensor_flops))),
         gemm_tables=tables,
-        gemm_fallback=GemmRoofline(gemm.a, _sig(gemm.flops_per_s), _sig(gemm.bytes_per_s)),
+        gemm_fallback=GemmRoofline(gemm.a, sig(gemm.flops_per_s), sig(gemm.bytes_per_s)),
         block_copy=dict.fromkeys(BLOCK_SIZES, copy),
         swap_per_block=SwapMode(link, link, per_block, per_block),
         swap_batched=SwapMode(link, link, batched, batched),

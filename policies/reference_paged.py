@@ -49,7 +49,7 @@ takes its head and evicts a cached block lazily there), chunked growth, no swap 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from kvsim.policies.reference_eviction import PlainEvictionOrder
@@ -107,6 +107,33 @@ def check_tables(
     assert held == holders, "holder counts disagree with the block tables"
     for s, table in tables.items():
         assert len(table) == blocks_for(kv[s], block_size), f"seq {s}: table length"
+
+
+def leading_hits(cache: dict[int, int], keys: Iterable[int]) -> list[int]:
+    """The blocks ``cache`` (key -> block) holds for the longest run of leading ``keys``: a
+    prefix hit stops at the first key not cached, as the chain behind it is then unknown."""
+    hits = []
+    for key in keys:
+        if key not in cache:
+            break
+        hits.append(cache[key])
+    return hits
+
+
+def claim(alloc: ReferencePagedAllocator | ReferenceFreeQueueAllocator, block: int) -> int:
+    """Hand ``block`` to new content (one holder, no token written). A block still cached
+    loses its key now: an eviction, logged as (key, parent, namer's priority) for a
+    write-back tier. Both allocators evict this way; only how they pick the block differs."""
+    if block in alloc.key_of:
+        key = alloc.key_of.pop(block)
+        del alloc.cache[key]
+        priority = alloc.namer.pop(key)
+        if alloc.log_evictions:
+            alloc.evicted.append((key, alloc.parents[key], priority))
+        alloc.evictions += 1
+    alloc.holders[block] = 1
+    alloc.filled[block] = 0
+    return block
 
 
 @dataclass
@@ -168,15 +195,7 @@ class ReferencePagedAllocator:
             else:
                 block = self.cache[self.policy.victim(self.key_of[b] for b in self.lru)]
             del self.lru[block]
-            key = self.key_of.pop(block)
-            del self.cache[key]
-            priority = self.namer.pop(key)
-            if self.log_evictions:
-                self.evicted.append((key, self.parents[key], priority))
-            self.evictions += 1
-        self.holders[block] = 1
-        self.filled[block] = 0
-        return block
+        return claim(self, block)
 
     def hold(self, block: int) -> None:
         """One more sequence holds ``block`` (a fork, or a prefix-cache hit)."""
@@ -209,12 +228,7 @@ class ReferencePagedAllocator:
 
     def cache_hits(self, prefix: Sequence[Hashable]) -> list[int]:
         """Blocks of the longest run of leading prompt blocks found in the cache."""
-        hits = []
-        for key in self.prefix_keys(prefix):
-            if key not in self.cache:
-                break
-            hits.append(self.cache[key])
-        return hits
+        return leading_hits(self.cache, self.prefix_keys(prefix))
 
     def can_admit(
         self,
@@ -540,12 +554,7 @@ class ReferenceFreeQueueAllocator:
 
     def cached_blocks(self, keys: Sequence[int]) -> list[int]:
         """Blocks of the longest run of leading ``keys`` found in the cache."""
-        hits = []
-        for key in keys:
-            if key not in self.cache:
-                break
-            hits.append(self.cache[key])
-        return hits
+        return leading_hits(self.cache, keys)
 
     # --- blocks -------------------------------------------------------------------------
     def num_free(self) -> int:
@@ -560,16 +569,7 @@ class ReferenceFreeQueueAllocator:
             victim = self.policy.victim(self.key_of[b] for b in self.cached_free)
             block = self.cache[victim]
             self.cached_free.remove(block)
-        if block in self.key_of:
-            key = self.key_of.pop(block)
-            del self.cache[key]
-            priority = self.namer.pop(key)
-            if self.log_evictions:
-                self.evicted.append((key, self.parents[key], priority))
-            self.evictions += 1
-        self.holders[block] = 1
-        self.filled[block] = 0
-        return block
+        return claim(self, block)
 
     def free_blocks_needed(self, hits: Sequence[int], tokens: int) -> int:
         """Free-queue blocks a new sequence of ``tokens`` slots starting with the cached

@@ -94,6 +94,17 @@ def _save(fig, path: Path, formats: Sequence[str] | None = None) -> Path:
     return path if path in targets else targets[0]
 
 
+def _finish_axes(ax, x_label: str, y_label: str, title: str) -> None:
+    """The last touches of a one-panel plot of quantities that start at zero (savings, times):
+    axis labels, the y axis from 0 (so that ratios between curves read true), the title and
+    the legend where it hides the least."""
+    ax.set_xlabel(x_label)
+    ax.set_ylabel(y_label)
+    ax.set_ylim(bottom=0)
+    ax.set_title(title)
+    ax.legend(loc="best")
+
+
 def _paths(path: Path, formats: Sequence[str]) -> list[Path]:
     return [Path(path).with_suffix(f".{f}") for f in formats]
 
@@ -441,11 +452,7 @@ def plot_memory_saving(
         if paper_range is not None:
             ax.axhspan(*paper_range, color="0.85", zorder=0, label="paper's range")
         ax.set_xticks(sorted(ticks))
-        ax.set_xlabel(x_label)
-        ax.set_ylabel("memory saving (% of blocks without sharing)")
-        ax.set_ylim(bottom=0)
-        ax.set_title(title)
-        ax.legend(loc="best")
+        _finish_axes(ax, x_label, "memory saving (% of blocks without sharing)", title)
         _save(fig, path, formats)
     return _paths(path, formats)
 
@@ -470,11 +477,7 @@ def plot_swap_microbenchmark(
         ax.set_xticks(x)
         ax.set_xticklabels([f"{v:g}" for v in x])
         ax.minorticks_off()
-        ax.set_xlabel("block size (tokens)")
-        ax.set_ylabel("time (ms)")
-        ax.set_ylim(bottom=0)
-        ax.set_title(title)
-        ax.legend(loc="best")
+        _finish_axes(ax, "block size (tokens)", "time (ms)", title)
         _save(fig, path, formats)
     return _paths(path, formats)
 

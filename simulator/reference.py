@@ -272,6 +272,14 @@ class ReferenceReplica:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
 
+    def send_stores(self) -> None:
+        """End of a scheduling: with cache tiers, its GPU evictions join the tiers' batch and
+        the batch is stored, after the loads this scheduling started (every reference engine)."""
+        if self.tiers is not None:
+            self.tiers.gpu_evicted(self.alloc.evicted)
+            self.alloc.evicted = []
+            self.tiers.flush_scheduling()
+
     def add(self, request: Request, now: float) -> None:
         """A request arrives: it waits, or is rejected if it can never run."""
         self.now = now
@@ -311,10 +319,7 @@ class ReferenceReplica:
             self.blocked = "swapped" if self.swapped else "batch"
         if not step.prefill:  # (a step that admits prompts is prefill-only)
             self.decode(step)
-        if self.tiers is not None:  # this scheduling's stores go out after the loads it started
-            self.tiers.gpu_evicted(self.alloc.evicted)
-            self.alloc.evicted = []
-            self.tiers.flush_scheduling()
+        self.send_stores()
         return step
 
     def admit(self, step: Step) -> None:
@@ -699,10 +704,7 @@ class ReferenceV1Replica(ReferenceReplica):
                     break
                 budget -= scheduled
         # 3. Cache tiers: this scheduling's stores go out after the loads it started.
-        if self.tiers is not None:
-            self.tiers.gpu_evicted(self.alloc.evicted)
-            self.alloc.evicted = []
-            self.tiers.flush_scheduling()
+        self.send_stores()
         return step
 
     def grow_or_preempt(self, g: V1Request, n: int, step: Step) -> bool:
@@ -1066,30 +1068,6 @@ class ReferenceTiers:
 
 
 # --- the simulation ----------------------------------------------------------------------------
-STEP_FIELDS = (
-    (
-        "replica",
-        "start_s",
-        "duration_s",
-        "prefill_tokens",
-        "recompute_tokens",
-        "cached_tokens",
-        "decode_tokens",
-        "batched_requests",
-        "preempted_swap",
-        "preempted_recompute",
-        "aborted",
-        "swap_out_slots",
-        "swap_in_slots",
-        "swap_s",
-        "cow_copies",
-        "waiting",
-        "swapped",
-    )
-    + CLASSES
-    + ("unshared_slots",)
-)
-
 # The step columns summed into the totals (tokens, groups, slots, seconds, copies).
 COUNTERS = (
     "prefill_tokens",
@@ -1103,6 +1081,17 @@ COUNTERS = (
     "swap_in_slots",
     "swap_s",
     "cow_copies",
+)
+
+# A step row's columns, in file order: the counters, with the batch size after the token counts.
+STEP_FIELDS = (
+    ("replica", "start_s", "duration_s")
+    + COUNTERS[:4]
+    + ("batched_requests",)
+    + COUNTERS[4:]
+    + ("waiting", "swapped")
+    + CLASSES
+    + ("unshared_slots",)
 )
 
 

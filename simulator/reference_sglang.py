@@ -168,10 +168,7 @@ class ReferenceSGLangReplica(ReferenceReplica):
             else:
                 self.retract(step)
             self.decode(step)
-        if self.tiers is not None:  # this scheduling's stores go out after the loads it started
-            self.tiers.gpu_evicted(self.alloc.evicted)
-            self.alloc.evicted = []
-            self.tiers.flush_scheduling()
+        self.send_stores()
         return step
 
     def prefill(self, step: Step) -> None:

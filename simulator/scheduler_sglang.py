@@ -94,7 +94,6 @@ predict cheaply (a decay of the ratio can unblock admission at any step), so the
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import islice
@@ -102,10 +101,9 @@ from itertools import islice
 from kvsim.policies.kv_allocator import Admission, RunWeights
 from kvsim.policies.radix_cache import RadixCacheAllocator, Tokens, request_tokens
 from kvsim.simulator.cache_tiers import TierStack, chain_parents
-from kvsim.simulator.cost_model.base import causal_attention_pairs
-from kvsim.simulator.latency_histogram import LatencyHistogram
+from kvsim.simulator.one_sequence_scheduler import OneSequenceScheduler, add_prefill_chunk
 from kvsim.simulator.scheduler import SchedulerSettings, Step
-from kvsim.simulator.sequence import DecodeClock, SequenceGroup, Status
+from kvsim.simulator.sequence import SequenceGroup, Status
 from kvsim.traces import Request
 
 INIT_NEW_TOKEN_RATIO = 0.7
@@ -139,42 +137,35 @@ class StepSGLang(Step):
     chunks: list[int] = field(default_factory=list)
 
 
-class SchedulerSGLang:
+class SchedulerSGLang(OneSequenceScheduler):
     """Owns one replica's waiting queue, running batch and the request mid-prefill."""
+
+    NAME = "sglang"
+    SAMPLES = "SGLang runs parallel samples as separate requests"
 
     def __init__(self, allocator: RadixCacheAllocator, limits: SchedulerSettings,
                  on_terminal: Callable[[SequenceGroup], None], tiers: TierStack | None = None):
         if not isinstance(allocator, RadixCacheAllocator):
             raise ValueError("scheduler policy sglang needs the radix cache (RadixCacheAllocator)")
-        self.alloc = allocator
-        self.limits = limits
+        super().__init__(allocator, limits, on_terminal, tiers)
         # plain SchedulerSettings (policy sglang): SGLang's defaults for its own knobs
         self.settings = limits if isinstance(limits, SGLangSettings) else SGLangSettings()
         if self.settings.schedule_policy not in SCHEDULE_POLICIES:
             raise ValueError(f"schedule_policy must be one of {', '.join(SCHEDULE_POLICIES)}, "
                              f"got {self.settings.schedule_policy!r}")
-        self.on_terminal = on_terminal
         init = min(INIT_NEW_TOKEN_RATIO * self.settings.schedule_conservativeness, 1.0)
         self.init_ratio = init
         self.min_ratio = min(init * MIN_NEW_TOKEN_RATIO_FACTOR, 1.0)
         self.ratio_decay = (init - self.min_ratio) / NEW_TOKEN_RATIO_DECAY_STEPS
         self.new_token_ratio = init
         self.waiting: list[SequenceGroup] = []
-        self.running: list[SequenceGroup] = []  # decoding, in the order they joined
+        # running: decoding, in the order they joined; the clock never ticks: generated counts
+        # are kept per request
         self.chunked: SequenceGroup | None = None  # mid-prefill (not in ``running``)
-        self.swapped: list[SequenceGroup] = []  # always empty (the engine reads it)
-        self.blocked: Admission | str | None = None
-        self.now = 0.0
-        self.itl = LatencyHistogram()
-        self.clock = DecodeClock()  # never ticks: generated counts are kept per request
         self._tokens: dict[SequenceGroup, Tokens] = {}
         self._target: dict[SequenceGroup, int] = {}  # tokens the current prefill computes to
-        self._next_seq = 0
-        # Cache tiers below the radix cache (module docstring, "Cache tiers"): requests loading
-        # pages, by when their load ends: (end s, seq, group, start s, pages loaded)
-        self.tiers = tiers
-        self.loading: list[tuple[float, int, SequenceGroup, float, int]] = []
-        self.on_load: Callable[[float], None] | None = None  # the engine's wake-up at a load's end
+        # Cache tiers below the radix cache (module docstring, "Cache tiers"): a load's fact in
+        # ``loading`` is the number of pages it loads
         self._page_keys: dict[SequenceGroup, list[int]] = {}  # a request's page names so far
         if tiers is not None and tiers.stores_gpu_evictions:
             allocator.listen_evictions(tiers.gpu_evicted)
@@ -182,14 +173,11 @@ class SchedulerSGLang:
     # --- arrivals --------------------------------------------------------------------
     def add(self, request: Request, now: float) -> SequenceGroup:
         """Queue a request, or reject one that could never run."""
-        self.now = now
-        s, out, P = self._next_seq, request.output_tokens, request.prompt_tokens
-        self._next_seq += 1
-        g = SequenceGroup.single(request, s, self.clock)
+        g, why = self._arrive(request, now)
+        out, P = request.output_tokens, request.prompt_tokens
         limit, cap = self.limits.max_seq_len, self.alloc.capacity
-        if request.num_seqs > 1:
-            self._end(g, Status.REJECTED, f"sglang runs one sequence per request (n={request.n}, beam_width="
-                      f"{request.beam_width}): SGLang runs parallel samples as separate requests")
+        if why:
+            self._end(g, Status.REJECTED, why)
         elif P + out > limit:
             self._end(g, Status.REJECTED, f"prompt + output = {P + out} tokens exceeds the context window "
                                           f"(model.context_len_tokens) {limit}")
@@ -204,11 +192,6 @@ class SchedulerSGLang:
     @property
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.chunked or self.loading)
-
-    @property
-    def next_load_s(self) -> float:
-        """When the next load from a cache tier ends (s; inf: none in flight)."""
-        return self.loading[0][0] if self.loading else float("inf")
 
     # --- queue order -----------------------------------------------------------------
     def _num_tokens(self, g: SequenceGroup) -> int:
@@ -422,9 +405,7 @@ class SchedulerSGLang:
         alloc.extend(s, k * P)  # (may evict: write-back stores what goes)
         first = hit // P
         done = self.tiers.start_load(self._page_keys[g][first:first + k], found, self.now, g.request.priority)
-        heapq.heappush(self.loading, (done, s, g, self.now, k))
-        if self.on_load is not None:
-            self.on_load(done)
+        self._await_load(done, s, g, k)
 
     def _count_gpu_hits(self, g: SequenceGroup, hit: int) -> None:
         """Tell the tiers which cached pages ``g`` hit (write-through-after-hits counts them)."""
@@ -433,30 +414,18 @@ class SchedulerSGLang:
             keys = self._keys(g, pages)[:pages]
             self.tiers.gpu_hits(keys, chain_parents(keys, None), g.request.priority)
 
-    def finish_loads(self, now: float) -> None:
-        """Loads that ended by ``now`` (s): their pages join the tree (pages cached meanwhile
-        are duplicates, freed), the request lets go of its slots and lock and goes back to
-        the front of the waiting queue (a radix hit awaits it)."""
-        P = self.alloc.page_size
-        while self.loading and self.loading[0][0] <= now:
-            done, s, g, start, k = heapq.heappop(self.loading)
-            self.alloc.finish(s)
-            g.back_from_load(k * P, start, done)
-            self.waiting.insert(0, g)
+    def _load_done(self, s: int, g: SequenceGroup, k: int) -> int:
+        """The ``k`` loaded pages join the tree (pages cached meanwhile are duplicates, freed)
+        and the request lets go of its slots and lock (a radix hit awaits it)."""
+        self.alloc.finish(s)
+        return k * self.alloc.page_size
 
     def _final_len(self, g: SequenceGroup) -> int:
         return g.request.prompt_tokens + g.request.output_tokens - 1
 
     def _add_chunk(self, step: StepSGLang, g: SequenceGroup, n: int) -> None:
-        computed = self.alloc.kv_len(g.seq_ids[0]) - n
-        if g.recomputing:
-            step.recompute_tokens += n
-        step.prefill.append(g)
-        step.chunks.append(n)
-        shape = step.shape
-        shape.prefill_seqs += 1
-        shape.prefill_tokens += n
-        shape.prefill_attn_pairs += causal_attention_pairs(n, computed)
+        """``g`` computes ``n`` more tokens this step (its KV already counts them)."""
+        add_prefill_chunk(step, g, self.alloc.kv_len(g.seq_ids[0]) - n, n)
 
     def _decode(self, step: StepSGLang, retract: bool) -> None:
         """Every running request appends a token; retract when memory runs out."""
@@ -565,10 +534,3 @@ class SchedulerSGLang:
         del self._tokens[g]
         self._page_keys.pop(g, None)
         self._end(g, Status.FINISHED, None)
-
-    def _end(self, g: SequenceGroup, status: Status, reason: str | None) -> None:
-        g.status = status
-        g.reason = reason
-        if g.finish is None:
-            g.finish = self.now
-        self.on_terminal(g)

@@ -39,7 +39,6 @@ certain to stay blocked.
 
 from __future__ import annotations
 
-import heapq
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -48,14 +47,11 @@ from kvsim.policies.kv_allocator import Admission, RunWeights
 from kvsim.policies.paged_allocator import PagedAllocator, blocks_for
 from kvsim.policies.v1_prefix_cache import V1PrefixCacheAllocator, block_identities, identity_before
 from kvsim.simulator.cache_tiers import TierStack, chain_parents
-from kvsim.simulator.cost_model.base import causal_attention_pairs
 from kvsim.simulator.decoding import prefix_contents
-from kvsim.simulator.latency_histogram import LatencyHistogram
+from kvsim.simulator.one_sequence_scheduler import OneSequenceScheduler, add_prefill_chunk
 from kvsim.simulator.scheduler import FinishQueue, SchedulerSettings, Step, beyond_context
-from kvsim.simulator.sequence import DecodeClock, SequenceGroup, Status
+from kvsim.simulator.sequence import SequenceGroup, Status
 from kvsim.traces import Request
-
-INF = float("inf")
 
 
 @dataclass(slots=True)
@@ -66,7 +62,7 @@ class StepV1(Step):
     chunks: list[int] = field(default_factory=list)
 
 
-class SchedulerV1:
+class SchedulerV1(OneSequenceScheduler):
     """Owns the waiting and running queues of one replica under vLLM v1's rules.
 
     Per request: ``prompt_len`` is its prefill target (``num_tokens`` when it was last
@@ -74,33 +70,24 @@ class SchedulerV1:
     up it decodes, with ``num_computed == num_tokens - 1``.
     """
 
+    NAME = "vllm-v1"
+    SAMPLES = "vLLM v1 fans samples out into separate requests and has no beam search"
+
     def __init__(self, allocator: PagedAllocator, limits: SchedulerSettings,
                  on_terminal: Callable[[SequenceGroup], None], tiers: TierStack | None = None):
         if not isinstance(allocator, PagedAllocator):
             raise ValueError("scheduler policy vllm-v1 needs the paged allocator (allocator.kind: paged)")
         if allocator.prefix_caching and not isinstance(allocator, V1PrefixCacheAllocator):
             raise ValueError("scheduler policy vllm-v1 needs vLLM v1's prefix cache (V1PrefixCacheAllocator)")
-        self.alloc = allocator
+        super().__init__(allocator, limits, on_terminal, tiers)
         self.cache = allocator if isinstance(allocator, V1PrefixCacheAllocator) else None
-        self.limits = limits
-        self.on_terminal = on_terminal  # called once per request when it ends
         self.waiting: deque[SequenceGroup] = deque()
-        self.running: list[SequenceGroup] = []  # in admission order: the last is preempted first
-        self.swapped: list[SequenceGroup] = []  # always empty (v1 preempts by recompute); the engine reads it
-        #: why the head of the waiting queue was not admitted (None: nothing waits)
-        self.blocked: Admission | str | None = None
-        self.now = 0.0
-        self.itl = LatencyHistogram()  # gaps between consecutive tokens of a request (s)
-        self.clock = DecodeClock()  # steps so far: a decoder's generated count is gen_base + ticks
+        # running: in admission order, the last is preempted first; the clock counts steps:
+        # a decoder's generated count is gen_base + ticks
         self._finishes = FinishQueue()  # decoders by the tick of their last token
         self._prefilling: dict[SequenceGroup, int] = {}  # running and catching up -> num_computed
         self._last_step_end = 0.0  # when the last step ended (s): every running decoder sampled then
-        self._next_seq = 0
-        # Cache tiers below the GPU (simulator.cache_tiers): requests loading from them, by
-        # when their load ends: (end s, seq, group, start s, loaded keys, the first one's parent)
-        self.tiers = tiers
-        self.loading: list[tuple[float, int, SequenceGroup, float, list, object]] = []
-        self.on_load: Callable[[float], None] | None = None  # the engine's wake-up at a load's end
+        # a load's facts in ``loading``: the keys it loads and the first one's parent
         # Write-back sends each step's GPU evictions as one batch when it is scheduled, so
         # decode steps (which may evict) are not run together in closed form.
         self._writes_back = tiers is not None and tiers.stores_gpu_evictions
@@ -112,16 +99,10 @@ class SchedulerV1:
     # --- arrivals --------------------------------------------------------------------
     def add(self, request: Request, now: float) -> SequenceGroup:
         """Queue a request, or reject one that could never run (as v0 does, but at once)."""
-        self.now = now
-        s, out, P = self._next_seq, request.output_tokens, request.prompt_tokens
-        self._next_seq += 1
-        g = SequenceGroup.single(request, s, self.clock)
+        g, why = self._arrive(request, now)
+        s, out, P = g.seq_ids[0], request.output_tokens, request.prompt_tokens
         limit, B = self.limits.max_seq_len, self.alloc.block_size
-        if request.num_seqs > 1:
-            self._end(g, Status.REJECTED, f"vllm-v1 runs one sequence per request (n={request.n}, beam_width="
-                      f"{request.beam_width}): vLLM v1 fans samples out into separate requests and has no "
-                      "beam search")
-        elif why := beyond_context(P, out, limit):
+        if why or (why := beyond_context(P, out, limit)):
             self._end(g, Status.REJECTED, why)
         elif blocks_for(max(g.final_len(s), P), B) > self.alloc.pool.num_blocks:
             self._end(g, Status.REJECTED, f"needs more KV slots than the whole cache ({self.alloc.capacity})")
@@ -134,11 +115,6 @@ class SchedulerV1:
     @property
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.loading)
-
-    @property
-    def next_load_s(self) -> float:
-        """When the next load from a cache tier ends (s; inf: none in flight)."""
-        return self.loading[0][0] if self.loading else INF
 
     # --- one step ------------------------------------------------------------------
     def schedule(self, now: float) -> StepV1:
@@ -181,7 +157,7 @@ class SchedulerV1:
             return None
         seqs, context = self.alloc.resident_kv()
         for g, computed, n in parts:
-            _add_prefill_part(step, g, computed, n)
+            add_prefill_chunk(step, g, computed, n)
             seqs -= 1
             context -= computed + n
         step.decode = [g for g in running if g not in prefilling] if parts else list(running)
@@ -217,7 +193,7 @@ class SchedulerV1:
                 shape.decode_seqs += 1
                 shape.decode_context += alloc.kv_len(s)  # its KV after the step
             else:
-                _add_prefill_part(step, g, computed, n)
+                add_prefill_chunk(step, g, computed, n)
             budget -= n
             i += 1
         assert i == len(running), "a running request got no token (see the docstring)"
@@ -295,7 +271,7 @@ class SchedulerV1:
                 g.first_scheduled = self.now
             self.running.append(g)
             self._prefilling[g] = hit
-            _add_prefill_part(step, g, hit, n)
+            add_prefill_chunk(step, g, hit, n)
             budget -= n
             if hit + n < T:
                 partial += 1
@@ -314,10 +290,7 @@ class SchedulerV1:
         cache.start_load(s, hits, len(found), prio)
         keys = list(block_identities(g.prefix, rid, h, h + len(found)))
         parent = identity_before(g.prefix, rid, h)
-        done = tiers.start_load(keys, found, self.now, prio)
-        heapq.heappush(self.loading, (done, s, g, self.now, keys, parent))
-        if self.on_load is not None:
-            self.on_load(done)
+        self._await_load(tiers.start_load(keys, found, self.now, prio), s, g, keys, parent)
 
     def _count_gpu_hits(self, g: SequenceGroup, h: int) -> None:
         """Tell the tiers which GPU cached blocks ``g`` hit (write-through-after-hits counts them)."""
@@ -325,15 +298,10 @@ class SchedulerV1:
             keys = list(block_identities(g.prefix, g.request.request_id, 0, h))
             self.tiers.gpu_hits(keys, chain_parents(keys, None), g.request.priority)
 
-    def finish_loads(self, now: float) -> None:
-        """Loads that ended by ``now`` (s): their blocks are cached on the GPU and released, and
-        each request goes back to the front of the waiting queue (a GPU hit awaits it)."""
-        B = self.alloc.block_size
-        while self.loading and self.loading[0][0] <= now:
-            done, s, g, start, keys, parent = heapq.heappop(self.loading)
-            self.cache.finish_load(s, keys, parent, g.request.priority)
-            g.back_from_load(len(keys) * B, start, done)
-            self.waiting.appendleft(g)
+    def _load_done(self, s: int, g: SequenceGroup, keys: list, parent: object) -> int:
+        """The loaded blocks are cached on the GPU and released."""
+        self.cache.finish_load(s, keys, parent, g.request.priority)
+        return len(keys) * self.alloc.block_size
 
     # --- preemption --------------------------------------------------------------------
     def _preempt(self, g: SequenceGroup, step: StepV1) -> None:
@@ -478,22 +446,3 @@ class SchedulerV1:
         self.running.remove(g)
         self._end(g, Status.FINISHED, None)
 
-    def _end(self, g: SequenceGroup, status: Status, reason: str | None) -> None:
-        g.status = status
-        g.reason = reason
-        if g.finish is None:
-            g.finish = self.now
-        self.on_terminal(g)
-
-
-def _add_prefill_part(step: StepV1, g: SequenceGroup, computed: int, n: int) -> None:
-    """``g`` computes a chunk of ``n`` tokens over its ``computed`` ones this step. While it
-    catches up after a preemption, the chunk is work done again (recompute tokens)."""
-    if g.recomputing:
-        step.recompute_tokens += n
-    step.prefill.append(g)
-    step.chunks.append(n)
-    shape = step.shape
-    shape.prefill_seqs += 1
-    shape.prefill_tokens += n
-    shape.prefill_attn_pairs += causal_attention_pairs(n, computed)

@@ -85,41 +85,52 @@ class ProfileError(ValueError):
 
 
 # --- fitted formulas ---------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class FitQuality:
+    """How well a fitted formula matches the points it was fitted on; every fit carries it.
+
+    Keyword-only, so that each fit's own coefficients stay its positional arguments
+    (``AffineFit(a, b, rel_rmse=..., points=...)``); both default to "not fitted"
+    (a synthetic profile's formulas).
+    """
+
+    rel_rmse: float = 0.0  # root mean square relative error of the fit on its points
+    points: int = 0  # measurements the fit used
+
+    def quality_dict(self) -> dict[str, float | int]:
+        """The quality fields as the profile file writes them, after the coefficients."""
+        return {"rel_rmse": self.rel_rmse, "points": self.points}
+
+
 @dataclass(frozen=True)
-class DecodeFit:
+class DecodeFit(FitQuality):
     """``seconds = a + b * kv_bytes + c * seq_heads`` for one decode-attention launch."""
 
     a: float
     b: float
     c: float
-    rel_rmse: float = 0.0  # root mean square relative error of the fit on its points
-    points: int = 0
 
     def seconds(self, kv_bytes: float, seq_heads: float) -> float:
         return self.a + self.b * kv_bytes + self.c * seq_heads
 
 
 @dataclass(frozen=True)
-class AffineFit:
+class AffineFit(FitQuality):
     """``seconds = a + b * x`` (x: FLOPs for prefill attention, bytes for block copy)."""
 
     a: float
     b: float
-    rel_rmse: float = 0.0
-    points: int = 0
 
     def seconds(self, x: float) -> float:
         return self.a + self.b * x
 
 
 @dataclass(frozen=True)
-class TransferFit:
+class TransferFit(FitQuality):
     """``seconds = latency_s * transfers + bytes / bytes_per_s`` (host link, one direction)."""
 
     latency_s: float
     bytes_per_s: float
-    rel_rmse: float = 0.0
-    points: int = 0
 
     def seconds(self, transfers: float, nbytes: float) -> float:
         return self.latency_s * transfers + nbytes / self.bytes_per_s
@@ -241,18 +252,13 @@ class Profile:
         md = self.metadata
 
         def decode(f: DecodeFit) -> dict:
-            return {"a": f.a, "b": f.b, "c": f.c, "rel_rmse": f.rel_rmse, "points": f.points}
+            return {"a": f.a, "b": f.b, "c": f.c, **f.quality_dict()}
 
         def affine(f: AffineFit) -> dict:
-            return {"a": f.a, "b": f.b, "rel_rmse": f.rel_rmse, "points": f.points}
+            return {"a": f.a, "b": f.b, **f.quality_dict()}
 
         def transfer(f: TransferFit) -> dict:
-            return {
-                "latency_s": f.latency_s,
-                "bytes_per_s": f.bytes_per_s,
-                "rel_rmse": f.rel_rmse,
-                "points": f.points,
-            }
+            return {"latency_s": f.latency_s, "bytes_per_s": f.bytes_per_s, **f.quality_dict()}
 
         def swap(s: SwapMode) -> dict:
             return {
@@ -385,10 +391,14 @@ class _Reader(YamlReader):
             out[bs] = v
         return out
 
-    def quality(self, d: dict, key: str) -> tuple[float, int]:
-        """A fit's optional quality fields: (``rel_rmse``, default 0.0; ``points``, default 0)."""
-        return (self.number(d, "rel_rmse", key) if "rel_rmse" in d else 0.0,
-                self.integer(d, "points", key) if "points" in d else 0)
+    def quality(self, d: dict, key: str) -> dict[str, Any]:
+        """A fit's optional ``FitQuality`` fields, as keywords (absent: the defaults)."""
+        quality: dict[str, Any] = {}
+        if "rel_rmse" in d:
+            quality["rel_rmse"] = self.number(d, "rel_rmse", key)
+        if "points" in d:
+            quality["points"] = self.integer(d, "points", key)
+        return quality
 
     def decode(self, d: Any, key: str) -> DecodeFit:
         d = self.mapping(d, key)
@@ -396,7 +406,7 @@ class _Reader(YamlReader):
             self.number(d, "a", key),
             self.number(d, "b", key),
             self.number(d, "c", key),
-            *self.quality(d, key),
+            **self.quality(d, key),
         )
 
     def affine(self, d: Any, key: str) -> AffineFit:
@@ -404,7 +414,7 @@ class _Reader(YamlReader):
         return AffineFit(
             self.number(d, "a", key),
             self.number(d, "b", key),
-            *self.quality(d, key),
+            **self.quality(d, key),
         )
 
     def transfer(self, d: Any, key: str) -> TransferFit:
@@ -412,7 +422,7 @@ class _Reader(YamlReader):
         return TransferFit(
             self.number(d, "latency_s", key),
             self.number(d, "bytes_per_s", key, positive=True),
-            *self.quality(d, key),
+            **self.quality(d, key),
         )
 
     def gbps(self, d: Any, key: str) -> dict[int, float]:

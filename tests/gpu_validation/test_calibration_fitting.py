@@ -9,8 +9,13 @@ from kvsim.gpu_validation.fitting import (
     fit_transfer,
     nonneg_relative_lstsq,
 )
+from kvsim.gpu_validation.raw_rows import swap_columns
 from kvsim.gpu_validation.report import hbm_peak_from_name, summarize
-from kvsim.simulator.cost_model.calibration_profile import ProfileMetadata
+from kvsim.simulator.cost_model.calibration_profile import (
+    ProfileMetadata,
+    read_profile,
+    write_profile,
+)
 
 
 def test_decode_fit_recovers_generating_coefficients():
@@ -114,26 +119,20 @@ def synthetic_rows():
                 for blocks in (8, 64):
                     nbytes = blocks * bs * 16384
                     transfers = per * blocks if mode == "per_block" else 4
-                    rows.append(
-                        dict(
-                            section="swap",
-                            mode=mode,
-                            direction=direction,
-                            block_size=bs,
-                            blocks=blocks,
-                            transfers=transfers,
-                            bytes=nbytes,
-                            seconds=1e-5 * transfers + nbytes / 25e9,
-                        )
-                    )
+                    row = swap_columns(mode, direction, bs, blocks, transfers, nbytes)
+                    rows.append(dict(row, seconds=1e-5 * transfers + nbytes / 25e9))
     return rows
 
 
-def test_build_profile_from_rows():
+def profile_from(rows):
     md = ProfileMetadata(
         gpu="Test GPU", date="2025-01-01", synthetic=False, hbm_peak_bytes_per_s=4e12
     )
-    p = build_profile(synthetic_rows(), md, {"num_kv_heads": 8, "head_dim": 128, "group": 4})
+    return build_profile(rows, md, {"num_kv_heads": 8, "head_dim": 128, "group": 4})
+
+
+def test_build_profile_from_rows():
+    p = profile_from(synthetic_rows())
     assert p.decode_contiguous.b == pytest.approx(1 / 3.0e12, rel=1e-4)
     assert p.decode_paged[1].b == pytest.approx(2 / 3.0e12, rel=1e-4)
     assert p.decode_paged[16].a == pytest.approx(1.1 * 5e-6, rel=1e-3)
@@ -170,3 +169,21 @@ def test_hbm_peaks_by_name():
     assert hbm_peak_from_name("NVIDIA A100-SXM4-80GB") == 2.039e12
     assert hbm_peak_from_name("NVIDIA A100-SXM4-40GB") == 1.555e12
     assert hbm_peak_from_name("Some Future GPU") is None
+
+
+def test_fitted_profile_round_trips_with_its_fit_quality(tmp_path):
+    """Every fit's ``rel_rmse`` and ``points`` are written and read back (the example
+    profile only has the defaults, so this is where a dropped quality field shows)."""
+    rows = synthetic_rows()
+    rng = np.random.default_rng(1)
+    for r in rows:
+        r["seconds"] *= rng.uniform(0.95, 1.05)  # noise: every fit gets a non-zero error
+    p = profile_from(rows)
+    fits = [p.decode_contiguous, p.prefill, p.block_copy[16], p.swap_batched.out]
+    assert all(f.rel_rmse > 0 and f.points > 0 for f in fits)
+    back = read_profile(write_profile(p, tmp_path / "p.yaml"))
+    assert back == p
+    assert [(f.rel_rmse, f.points) for f in fits] == [
+        (f.rel_rmse, f.points)
+        for f in (back.decode_contiguous, back.prefill, back.block_copy[16], back.swap_batched.out)
+    ]

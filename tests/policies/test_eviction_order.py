@@ -74,41 +74,30 @@ def _order(policy: str, capacity: int = 8) -> EvictionOrder:
     return EvictionOrder(policy, capacity)
 
 
-def test_lru_and_lfu_pick_different_victims():
-    """a cached at t1, b at t2; a reused at t3; b passed (touched) at t4. LRU: a was last used
-    at 3, b at 4, so a goes. LFU: a has 2 uses, b 1, so b goes."""
-    for policy, victim in (("lru", "a"), ("lfu", "b")):
-        o = _order(policy)
-        o.insert("a", 1)
-        o.insert("b", 2)
-        o.hit("a", 3)
-        o.touch("b", 4)
-        o.offer("a")
-        o.offer("b")
-        assert o.evict() == victim, policy
+# a cached at t1 and b at t2, then the uses listed (method, key, time); both offered: the victim.
+TWO_ENTRY_CASES = {
+    # a reused at t3, b passed (touched) at t4. LRU: a was last used at 3, b at 4, so a goes.
+    "lru-recency": ("lru", [("hit", "a", 3), ("touch", "b", 4)], "a"),
+    # The same uses under LFU: a has 2 uses, b 1 (a touch is no use), so b goes.
+    "lfu-uses": ("lfu", [("hit", "a", 3), ("touch", "b", 4)], "b"),
+    # LFU ties go by recency: both used twice, a last at 4, b at 3, so b goes.
+    "lfu-tie": ("lfu", [("hit", "b", 3), ("hit", "a", 4)], "b"),
+    # FIFO ignores use: a was inserted first; reusing it at t3 does not save it (LRU: b).
+    "fifo": ("fifo", [("hit", "a", 3)], "a"),
+}
 
 
-def test_lfu_ties_go_by_recency():
-    """Both used twice; a last at 4, b at 3: b goes."""
-    o = _order("lfu")
+@pytest.mark.parametrize(("policy", "uses", "victim"), TWO_ENTRY_CASES.values(), ids=TWO_ENTRY_CASES)
+def test_each_policy_picks_its_victim_of_two(policy, uses, victim):
+    """One hand-worked case per rule (see ``TWO_ENTRY_CASES``)."""
+    o = _order(policy)
     o.insert("a", 1)
     o.insert("b", 2)
-    o.hit("b", 3)
-    o.hit("a", 4)
+    for method, key, now in uses:
+        getattr(o, method)(key, now)
     o.offer("a")
     o.offer("b")
-    assert o.evict() == "b"
-
-
-def test_fifo_ignores_use():
-    """a was inserted first; reusing it (t3) does not save it under FIFO (LRU would take b)."""
-    o = _order("fifo")
-    o.insert("a", 1)
-    o.insert("b", 2)
-    o.hit("a", 3)
-    o.offer("a")
-    o.offer("b")
-    assert o.evict() == "a"
+    assert o.evict() == victim
 
 
 def test_priority_goes_before_recency():

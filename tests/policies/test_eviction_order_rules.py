@@ -148,42 +148,45 @@ def test_check_accepts_a_target_at_the_capacity():
 
 
 # --- ties and default priorities ----------------------------------------------------------------
-def test_ties_go_to_the_entry_inserted_first_whatever_the_offer_order():
-    """b, a and then c (a copy of b) all last used at t=1: LRU keys tie, so the insertion
-    order decides (b, a, c), not the order the cache offered them in (c, a, b)."""
-    o = EvictionOrder("lru", 4)
-    o.insert("b", 1)
-    o.insert("a", 1)
-    o.copy("c", "b")
-    for k in "cab":
+# Ties between a copy (a radix split) and the other entries: (policy, (key, time) inserted in
+# order, (copy, source), offer order, victims in order).
+COPY_TIES = {
+    # b, a and then c (a copy of b) all last used at t=1: LRU keys tie, so the insertion order
+    # decides (b, a, c), not the order the cache offered them in (c, a, b).
+    "lru-insertion-order": ("lru", [("b", 1), ("a", 1)], ("c", "b"), "cab", ["b", "a", "c"]),
+    # a created at t1, b at t2; c is split from a, so it was created at t1 as well (it holds
+    # tokens cached then): FIFO evicts a, c, b (a and c tie at 1; a was inserted first).
+    "fifo-source-creation": ("fifo", [("a", 1), ("b", 2)], ("c", "a"), "bca", ["a", "c", "b"]),
+}
+
+
+@pytest.mark.parametrize(("policy", "inserts", "copy", "offers", "victims"), COPY_TIES.values(),
+                         ids=COPY_TIES)
+def test_ties_with_a_copy_go_by_its_facts_then_the_insertion_order(policy, inserts, copy, offers,
+                                                                   victims):
+    """See ``COPY_TIES``: whatever order the cache offers them in."""
+    o = EvictionOrder(policy, 4)
+    for key, now in inserts:
+        o.insert(key, now)
+    o.copy(*copy)
+    for k in offers:
         o.offer(k)
-    assert [o.evict(), o.evict(), o.evict()] == ["b", "a", "c"]
+    assert [o.evict() for _ in victims] == victims
 
 
-def test_insert_hit_and_touch_default_to_priority_zero():
-    """Priority policy, every entry at priority 0 whether given or defaulted, so LRU decides.
-    Each call that leaves ``priority`` out must not raise the entry above an explicit 0."""
+@pytest.mark.parametrize("calls", [
+    [("insert", "a", 1), ("insert", "b", 2, 0)],  # (0, last 1) before (0, last 2)
+    [("insert", "a", 1, 0), ("insert", "b", 2, 0), ("hit", "a", 3), ("touch", "b", 4, 0)],
+    [("insert", "a", 1, 0), ("insert", "b", 2, 0), ("touch", "a", 3), ("touch", "b", 4, 0)],
+], ids=["insert", "hit", "touch"])
+def test_insert_hit_and_touch_default_to_priority_zero(calls):
+    """Priority policy, every entry at priority 0 whether given or defaulted, so LRU decides
+    (a, last used first, goes). Each call that leaves ``priority`` out (the one call named
+    in the id: ``calls`` are (method, key, time[, priority])) must not raise the entry above
+    an explicit 0."""
     o = EvictionOrder("priority", 4)
-    o.insert("a", 1)  # default priority
-    o.insert("b", 2, priority=0)
-    o.offer("a")
-    o.offer("b")
-    assert o.evict() == "a"  # (0, last 1) before (0, last 2)
-
-    o = EvictionOrder("priority", 4)
-    o.insert("a", 1, priority=0)
-    o.insert("b", 2, priority=0)
-    o.hit("a", 3)  # default priority
-    o.touch("b", 4, priority=0)
-    o.offer("a")
-    o.offer("b")
-    assert o.evict() == "a"  # (0, last 3) before (0, last 4)
-
-    o = EvictionOrder("priority", 4)
-    o.insert("a", 1, priority=0)
-    o.insert("b", 2, priority=0)
-    o.touch("a", 3)  # default priority
-    o.touch("b", 4, priority=0)
+    for method, *args in calls:
+        getattr(o, method)(*args)
     o.offer("a")
     o.offer("b")
     assert o.evict() == "a"
@@ -246,18 +249,6 @@ def test_copy_of_a_t1_entry_stays_in_t1():
     o.copy("b", "a")
     assert o.entries["b"].arc_list == 1 and o.t_sizes[1:] == [2, 0]
     o.check()
-
-
-def test_fifo_orders_a_copy_by_its_source_creation():
-    """a created at t1, b at t2; c is split from a, so it was created at t1 as well (it holds
-    tokens cached then): FIFO evicts a, c, b (a and c tie at 1; a was inserted first)."""
-    o = EvictionOrder("fifo", 4)
-    o.insert("a", 1)
-    o.insert("b", 2)
-    o.copy("c", "a")
-    for k in "bca":
-        o.offer(k)
-    assert [o.evict(), o.evict(), o.evict()] == ["a", "c", "b"]
 
 
 # --- ARC ghosts and the target p -----------------------------------------------------------------
