@@ -4,14 +4,13 @@ Both engines fan parallel samples out into separate requests and have no beam se
 request of several sequences is rejected at arrival; both number a request's one sequence
 in arrival order, preempt by recomputation (nothing is ever swapped), end a request the
 same way, and park a request loading from the cache tiers outside their queues until the
-load ends (s), when it goes back to the front of the waiting queue. The rest (admission,
-chunking, the prefix cache each one has) is each scheduler's own:
-``simulator.scheduler_v1`` and ``simulator.scheduler_sglang``.
+load ends (s), when it goes back to the front of the waiting queue (a rule vllm-v0 keeps
+too: ``simulator.tier_loads``). The rest (admission, chunking, the prefix cache each one
+has) is each scheduler's own: ``simulator.scheduler_v1`` and ``simulator.scheduler_sglang``.
 """
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable
 
 from kvsim.policies.kv_allocator import Admission
@@ -22,12 +21,11 @@ from kvsim.simulator.cost_model.base import causal_attention_pairs
 from kvsim.simulator.latency_histogram import LatencyHistogram
 from kvsim.simulator.scheduler import SchedulerSettings, Step
 from kvsim.simulator.sequence import DecodeClock, SequenceGroup, Status
+from kvsim.simulator.tier_loads import TierLoads
 from kvsim.traces import Request
 
-INF = float("inf")
 
-
-class OneSequenceScheduler:
+class OneSequenceScheduler(TierLoads):
     """The base of a scheduler that runs one sequence per request. A subclass names itself
     (``NAME``) and says how its engine runs several samples instead (``SAMPLES``), for the
     rejection's reason, and tells what a load's end does to its cache (``_load_done``)."""
@@ -37,6 +35,7 @@ class OneSequenceScheduler:
 
     def __init__(self, allocator: PagedAllocator | RadixCacheAllocator, limits: SchedulerSettings,
                  on_terminal: Callable[[SequenceGroup], None], tiers: TierStack | None):
+        super().__init__(tiers)  # loads from the cache tiers below the GPU cache
         self.alloc = allocator
         self.limits = limits
         self.on_terminal = on_terminal  # called once per request when it ends
@@ -48,11 +47,6 @@ class OneSequenceScheduler:
         self.itl = LatencyHistogram()  # gaps between consecutive tokens of a request (s)
         self.clock = DecodeClock()
         self._next_seq = 0
-        # Cache tiers below the GPU cache: requests loading from them, by when their load ends:
-        # (end s, seq, group, start s, what the subclass's ``_load_done`` needs)
-        self.tiers = tiers
-        self.loading: list[tuple] = []
-        self.on_load: Callable[[float], None] | None = None  # the engine's wake-up at a load's end
 
     # --- arrivals --------------------------------------------------------------------
     def _arrive(self, request: Request, now: float) -> tuple[SequenceGroup, str | None]:
@@ -65,31 +59,6 @@ class OneSequenceScheduler:
             return g, None
         return g, (f"{self.NAME} runs one sequence per request (n={request.n}, beam_width="
                    f"{request.beam_width}): {self.SAMPLES}")
-
-    # --- loads from cache tiers (simulator.cache_tiers) --------------------------------
-    @property
-    def next_load_s(self) -> float:
-        """When the next load from a cache tier ends (s; inf: none in flight)."""
-        return self.loading[0][0] if self.loading else INF
-
-    def _await_load(self, done: float, s: int, g: SequenceGroup, *facts) -> None:
-        """``g`` (sequence ``s``) waits outside the queues for its load, which ends at ``done``
-        (s); the engine is told to wake then."""
-        heapq.heappush(self.loading, (done, s, g, self.now, *facts))
-        if self.on_load is not None:
-            self.on_load(done)
-
-    def finish_loads(self, now: float) -> None:
-        """Loads that ended by ``now`` (s): the subclass caches what each loaded, and each
-        request goes back to the front of the waiting queue (a GPU cache hit awaits it)."""
-        while self.loading and self.loading[0][0] <= now:
-            done, s, g, start, *facts = heapq.heappop(self.loading)
-            g.back_from_load(self._load_done(s, g, *facts), start, done)
-            self.waiting.insert(0, g)
-
-    def _load_done(self, s: int, g: SequenceGroup, *facts) -> int:
-        """Cache what sequence ``s``'s load brought; return the tokens it loaded."""
-        raise NotImplementedError
 
     # --- ends --------------------------------------------------------------------------
     def _end(self, g: SequenceGroup, status: Status, reason: str | None) -> None:

@@ -27,10 +27,10 @@ in the v1 and sglang models). The TierStack's rules hold, with v0's prefix cache
   hit is) is extended with the blocks some tier holds ready. If any, it loads instead of
   being admitted: its hits (those only the cache holds) and ``k`` fresh blocks must fit
   above the watermark, else admission stops (``NO_SPACE``). It holds them, waits outside
-  the queues and the batch, and at the load's end the loaded blocks are cached, it
-  releases them (they stay cached, evictable) and goes back to the *front* of the
-  waiting queue, where its next admission hits them (its lookups and hits were counted
-  when the load started: not again).
+  the queues and the batch (``simulator.tier_loads``, as in v1 and sglang), and at the
+  load's end the loaded blocks are cached, it releases them (they stay cached, evictable)
+  and goes back to the *front* of the waiting queue, where its next admission hits them
+  (its lookups and hits were counted when the load started: not again).
 - *Preemption*: a loaded request's blocks are cached GPU blocks like any: recomputation
   frees its blocks (the cached ones stay cached), and its next admission looks them up
   again, GPU first, then the tiers. Swap space (``hardware.swap_space_gib``) and a CPU
@@ -59,9 +59,8 @@ from kvsim.simulator.cost_model.base import BatchShape, causal_attention_pairs
 from kvsim.simulator.decoding import beam_parent_counts, prefix_contents, sample_targets
 from kvsim.simulator.latency_histogram import LatencyHistogram
 from kvsim.simulator.sequence import DecodeClock, SequenceGroup, Status
+from kvsim.simulator.tier_loads import TierLoads
 from kvsim.traces import Request
-
-INF = float("inf")
 
 
 @dataclass(frozen=True)
@@ -170,7 +169,7 @@ class FinishQueue:
                 retire(g, now)
 
 
-class Scheduler:
+class Scheduler(TierLoads):
     """Owns the waiting, running and swapped queues of one replica.
 
     Running groups advance in lockstep: every decode step gives each of them one
@@ -180,13 +179,9 @@ class Scheduler:
     A step costs work for the groups that join, leave or finish, not for all.
     """
 
-    #: When the next load from a cache tier ends (s; inf: none in flight). A class constant
-    #: shadowed by an attribute while loads are in flight, not a property: the fast path reads
-    #: it for every run it plans.
-    next_load_s: float = INF
-
     def __init__(self, allocator: KVAllocator, limits: SchedulerSettings, on_terminal: Callable[[SequenceGroup], None],
                  tiers: TierStack | None = None):
+        super().__init__(tiers)  # loads from the cache tiers below the GPU (module docstring)
         self.alloc = allocator
         self.limits = limits
         self.on_terminal = on_terminal  # called once per request when it ends
@@ -211,12 +206,8 @@ class Scheduler:
         # kept (group, releases then, verdict) instead of asking the allocator every step.
         self._releases = 0  # frees, swap-outs and beam re-seedings so far
         self._refused: tuple[SequenceGroup, int, Admission] | None = None
-        # Cache tiers below the GPU (module docstring): requests loading from them, by when their
-        # load ends: (end s, seq, group, start s, loaded keys); the prompt blocks this step's
-        # prefills computed, for write-through (keys, parents, priorities).
-        self.tiers = tiers
-        self.loading: list[tuple[float, int, SequenceGroup, float, list[int]]] = []
-        self.on_load: Callable[[float], None] | None = None  # the engine's wake-up at a load's end
+        # The prompt blocks this step's prefills computed, for write-through to the cache
+        # tiers (keys, parents, priorities).
         self._computed: tuple[list, list, list] = ([], [], [])
         self._writes_back = tiers is not None and tiers.stores_gpu_evictions
         if tiers is not None:
@@ -360,23 +351,14 @@ class Scheduler:
         self._count_gpu_hits(keys[:h], p)
         self.alloc.start_load(s, keys, hits, k)
         loaded = keys[h:h + k]
-        done = self.tiers.start_load(loaded, found, self.now, p)
-        heapq.heappush(self.loading, (done, s, g, self.now, loaded))
-        self.next_load_s = self.loading[0][0]
-        if self.on_load is not None:
-            self.on_load(done)
+        self._await_load(self.tiers.start_load(loaded, found, self.now, p), s, g, loaded)
 
-    def finish_loads(self, now: float) -> None:
-        """Loads that ended by ``now`` (s): their blocks are cached on the GPU and released, and
-        each request goes back to the front of the waiting queue (a GPU hit awaits it)."""
-        B = self.alloc.block_size
-        while self.loading and self.loading[0][0] <= now:
-            done, s, g, start, keys = heapq.heappop(self.loading)
-            self.alloc.finish_load(s, keys, g.request.priority)
-            self._releases += 1
-            g.back_from_load(len(keys) * B, start, done)
-            self.waiting.appendleft(g)
-        self.next_load_s = self.loading[0][0] if self.loading else INF
+    def _load_done(self, s: int, g: SequenceGroup, keys: list[int]) -> int:
+        """The loaded blocks (``keys``) are cached on the GPU and released (a release: the
+        head's refusal no longer holds); return the tokens loaded."""
+        self.alloc.finish_load(s, keys, g.request.priority)
+        self._releases += 1
+        return len(keys) * self.alloc.block_size
 
     def _start_running(self, g: SequenceGroup) -> None:
         """Join the running batch (its finish is filed once its next token is decided:
