@@ -70,15 +70,16 @@ fresh blocks, a block table) are typed ``array``s, not lists (``policies.int_run
 numpy reads them in place, so no step builds an int object per block or converts a list
 (that conversion was the largest per-block cost left: ~25 ns a block, several times per
 request). What is still per block at C speed: the refcount and index entries of each
-block (numpy gathers and scatters); in Python: the request's own (private) blocks' index
-entries and, under eviction policies other than ``lru``, the eviction order's entries.
+block (numpy gathers and scatters; a request's own blocks' identities are tuples, entered
+with one ``dict.update`` per run); in Python: under eviction policies other than ``lru``,
+the eviction order's entries.
 """
 
 from __future__ import annotations
 
 from array import array
 from collections.abc import Hashable, Iterable, Iterator, Sequence
-from itertools import chain
+from itertools import chain, repeat
 
 from kvsim.policies.block_pool import QueuedBlockPool
 from kvsim.policies.dense_map import DenseMap
@@ -89,12 +90,18 @@ from kvsim.policies.kv_allocator import MemoryUsage
 from kvsim.policies.paged_allocator import PagedAllocator
 
 
+def own_identities(request_id: int, start: int, stop: int) -> Iterator[tuple[str, int, int]]:
+    """``("u", request_id, i)`` for blocks ``start .. stop - 1`` that only the request itself
+    names (lazy; the tuples are built by ``zip``, at C speed)."""
+    return zip(repeat("u"), repeat(request_id), range(start, stop))
+
+
 def block_identities(keys: Sequence[int], request_id: int, start: int, stop: int) -> Iterator[Hashable]:
     """What blocks ``start .. stop - 1`` of a request hold: its chained key where the request
-    names its contents, else ``("u", request_id, i)``, private to it (lazy: a lookup that
+    names its contents, else its own identity (:func:`own_identities`; lazy: a lookup that
     misses early builds nothing more)."""
     named = keys[start:stop]
-    return chain(named, (("u", request_id, i) for i in range(start + len(named), stop)))
+    return chain(named, own_identities(request_id, start + len(named), stop))
 
 
 def identity_before(keys: Sequence[int], request_id: int, start: int) -> Hashable | None:
@@ -197,22 +204,28 @@ class V1PrefixCacheAllocator(PagedAllocator):
         if full <= start:
             return
         keys, rid = self._names[seq_id]
-        table, cached, key_of = self._tables[seq_id], self._cached, self._key_of
+        table = self._tables[seq_id]
         if self.on_evict is not None:
             self._remember(list(block_identities(keys, rid, start, full)), identity_before(keys, rid, start),
                            self._priority[seq_id])
-        # The run's shared keys (ints, distinct: one chain's positions) as arrays, then the
-        # request's own blocks one by one.
         own = max(start, min(full, len(keys)))  # the first of the request's own blocks
-        if own > start:
-            run, blocks = keys[start:own], table[start:own]
-            if cached.put_ints(run, blocks):  # the usual case: none cached yet
-                stored = key_of.put_ints(blocks, run)
-                assert stored, "a block just filled names no content yet"
-            else:
-                self._register(run, blocks)
-        self._register(block_identities(keys, rid, own, full), table[own:full])
+        if own > start:  # shared keys: distinct ints, one chain's positions
+            self._register_run(keys[start:own], table[start:own], own=False)
+        if full > own:
+            self._register_run(list(own_identities(rid, own, full)), table[own:full], own=True)
         self._named[seq_id] = full
+
+    def _register_run(self, keys: Sequence[Hashable], blocks: Sequence[int], own: bool) -> None:
+        """Cache a run of just filled blocks under ``keys`` (all shared chain keys, or all the
+        request's ``own`` identities): both index entries of the whole run at once when none
+        is cached yet (the usual case), else block by block."""
+        cached, key_of = self._cached, self._key_of
+        put, put_back = (cached.put_others, key_of.put_boxed) if own else (cached.put_ints, key_of.put_ints)
+        if put(keys, blocks):
+            stored = put_back(blocks, keys)
+            assert stored, "a block just filled names no content yet"
+        else:
+            self._register(keys, blocks)
 
     def _register(self, keys: Iterable[Hashable], blocks: Iterable[int]) -> None:
         """Cache each block under its key unless the key is cached already (that first copy stays)."""

@@ -13,7 +13,7 @@ keys = st.one_of(st.integers(0, 40), st.integers(-3, -1),
                  st.tuples(st.just("u"), st.integers(0, 3), st.integers(0, 3)))
 values = st.one_of(st.integers(0, 50), st.tuples(st.just("u"), st.integers(0, 3), st.integers(0, 3)))
 ops = st.lists(st.tuples(st.sampled_from(["set", "pop", "del", "get", "put_ints", "pop_many",
-                                          "leading", "delete_many"]),
+                                          "leading", "delete_many", "put_others", "put_boxed"]),
                          keys, values, st.lists(st.integers(0, 40), max_size=12, unique=True)),
                max_size=60)
 
@@ -53,6 +53,13 @@ def test_dense_map_does_what_a_dict_does(steps, size):
             assert m.put_ints(run, vals) == free
             if free:
                 d.update(zip(run, vals))
+        elif op in ("put_others", "put_boxed"):  # own identities <-> blocks, a run at once
+            own = [("u", v % 4, k) for k, v in zip(run, range(len(run)))]
+            ks, vals = (own, run) if op == "put_others" else (run, own)
+            free = not any(k in d for k in ks)
+            assert getattr(m, op)(ks, vals) == free
+            if free:
+                d.update(zip(ks, vals))
         elif op == "pop_many":
             assert m.pop_many(run) == [d.pop(k) for k in run if k in d]
         elif op == "leading":
