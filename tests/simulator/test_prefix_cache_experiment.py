@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +16,11 @@ from kvsim.simulator.prefix_cache_experiment import (
     run_comparison,
 )
 from kvsim.simulator.sweep import expand_points, load_sweep, validate_points
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+CHEAP = ("Mooncake synthetic (first 400)", "multi-turn chat", "few-shot (341-token prefix)")
+"""The README rows run again whole (~7 s on one core); the 4 GiB multi-turn rows (~5 s more)
+are left out."""
 
 
 @pytest.fixture(scope="module")
@@ -77,3 +83,28 @@ def test_the_multi_turn_sweep_resolves_to_valid_configs():
     points = expand_points(spec)
     assert len(points) == 8
     validate_points(spec, points)
+
+
+def readme_rows(workloads) -> dict[tuple[str, str], list[str]]:
+    """The README's "SGLang vs vLLM prefix caching" rows of ``workloads``, by (workload,
+    system), as their cells."""
+    text = README.read_text()
+    start = text.index("SGLang vs vLLM prefix caching (`configs/sglang_vs_vllm/`)")
+    table = text[start:text.index("sglang_vs_vllm.png", start)]
+    rows = {}
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| ") and cells[0] in workloads:
+            rows[cells[0], cells[1]] = cells
+    return rows
+
+
+def test_the_readme_rows_match_a_fresh_run():
+    """Every cell of the README's Mooncake, multi-turn and few-shot rows is what the
+    experiment prints now, character by character (whole workloads, not ``--tiny``)."""
+    fresh = markdown_table(run_comparison(workloads=CHEAP)).splitlines()[2:]
+    expected = readme_rows(CHEAP)
+    assert len(fresh) == len(expected) == len(CHEAP) * len(SYSTEMS)
+    for line in fresh:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert expected[cells[0], cells[1]] == cells, line
