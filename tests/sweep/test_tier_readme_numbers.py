@@ -120,3 +120,14 @@ def test_the_generator_refuses_a_size_without_every_write_policy():
         tier_tables.markdown(df, TierTable("t", eviction="lru"))
     with pytest.raises(ValueError, match="no run with eviction policy 'lfu'"):
         tier_tables.markdown(MADE_UP, TierTable("t", eviction="lfu"))
+
+
+def test_the_command_prints_both_tables_from_the_sweep_folders(tmp_path, capsys):
+    for table in tier_tables.TABLES:
+        (tmp_path / table.sweep).mkdir()
+        lru = MADE_UP[MADE_UP[EVICTION] == "lru"]
+        lru.assign(**{EVICTION: table.eviction}).to_csv(tmp_path / table.sweep / "sweep.csv")
+    tier_tables.main(["--results", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert out.count("| 64 | 0.500 + 0.250 / 0.500 + 0 / 0.520 + 0.000 |") == 2
+    assert "| 1.0 / 529.5 s |" in out and "| 1000.0 / 529460.0 |" in out
