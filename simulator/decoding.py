@@ -134,9 +134,9 @@ def hash_block_contents(hash_ids: tuple[int, ...], hash_block_tokens: int, block
     used = hash_ids[:-(-count // per)]
     if max(map(abs, used)) >= _NUMPY_HASH_IDS:
         return [used[j // per] * HASH_POSITIONS + j % per for j in range(count)]
-    spread = np.repeat(np.array(used, dtype=np.int64) * HASH_POSITIONS, per)[:count]
-    spread += np.tile(np.arange(per, dtype=np.int64), len(used))[:count]
-    return array("q", spread.tobytes())
+    # row i of the (hash ids x positions) grid is hash id i's blocks, in order
+    grid = np.array(used, dtype=np.int64)[:, None] * HASH_POSITIONS + np.arange(per, dtype=np.int64)
+    return array("q", grid.reshape(-1)[:count].tobytes())
 
 
 def token_block_contents(token_ids: tuple[int, ...], block_size: int,
