@@ -182,6 +182,12 @@ class QueuedBlockPool(BlockPool):
         self._refcount = array("i", [0]) * num_blocks  # type: ignore[assignment]
         self.free_list = self._free
 
+    @property
+    def never_used(self) -> int:
+        """Free blocks never used yet: ``allocate_many`` takes them first, and none of them
+        holds cached content (an owner need not look for any)."""
+        return self._free.never_used
+
     def _counts(self) -> np.ndarray:
         """A numpy view of the refcounts (made per call: a copy of the pool copies the
         ``array``, and a stored view would still point at the original)."""

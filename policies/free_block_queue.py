@@ -101,6 +101,11 @@ class FreeBlockQueue:
     def __bool__(self) -> bool:
         return self._len > 0
 
+    @property
+    def never_used(self) -> int:
+        """Blocks at the head that were never used (taken before any other; none holds content)."""
+        return len(self._fresh)
+
     def __contains__(self, block: int) -> bool:
         return 0 <= block < len(self._posa) and self._posa[block] != NOT_QUEUED
 
@@ -358,6 +363,11 @@ class UncachedFirstQueue:
 
     def __len__(self) -> int:
         return len(self.uncached) + self.order.num_filed
+
+    @property
+    def never_used(self) -> int:
+        """Never-used blocks, at the head of the uncached ones (taken first)."""
+        return self.uncached.never_used
 
     def __bool__(self) -> bool:
         return len(self) > 0

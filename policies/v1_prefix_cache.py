@@ -254,8 +254,10 @@ class V1PrefixCacheAllocator(PagedAllocator):
         return block
 
     def _take_many(self, count: int) -> array:  # type: ignore[override]
+        unused = self.pool.never_used  # taken first, and they name nothing: nothing to forget
         blocks = self.pool.allocate_many(count)
-        self._forget(blocks)
+        if count > unused:
+            self._forget(blocks[unused:])
         return blocks
 
     def _release_gpu(self, table: Sequence[int]) -> None:

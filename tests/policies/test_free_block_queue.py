@@ -26,6 +26,18 @@ def test_queue_is_fifo_with_removal_from_the_middle():
         q.popleft_many(3)
 
 
+def test_never_used_blocks_are_the_head_of_the_range_left():
+    """What a v1 cache skips when it forgets the contents of blocks it takes: only blocks
+    still in the never-used range, which are always taken first."""
+    q = FreeBlockQueue(range(6))
+    assert q.never_used == 6
+    taken = list(q.popleft_many(2))
+    q.extend(taken[::-1])  # used, freed: behind the range
+    assert q.never_used == 4 and list(q)[:4] == [2, 3, 4, 5]
+    q.popleft_many(5)
+    assert q.never_used == 0 and QueuedBlockPool(3, 16).never_used == 3
+
+
 def test_queued_pool_takes_the_head_and_frees_to_the_tail():
     pool = QueuedBlockPool(4, 16)
     assert list(pool.allocate_many(2)) == [0, 1]  # index order at first
