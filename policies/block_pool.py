@@ -249,7 +249,7 @@ class QueuedBlockPool(BlockPool):
         left = held - 1
         rc[idx] = left
         freed = idx[left == 0]
-        self._free.extend(freed)
+        self._free.extend_freed(freed)
         return freed
 
     def hold(self, blocks: list[int]) -> int:

@@ -187,6 +187,21 @@ class FreeBlockQueue:
         self._tail += len(idx)
         self._len += len(idx)
 
+    def extend_freed(self, idx: np.ndarray) -> None:
+        """``extend`` for blocks a pool has just freed (their holders went to zero): an index
+        array of distinct blocks of the pool, none queued. The pool's books vouch for what
+        ``extend`` checks, so a whole table costs two numpy writes."""
+        n = len(idx)
+        if n <= SCALAR_BATCH:
+            self.extend(idx)
+            return
+        self._room(n)
+        tail = self._tail
+        self._pos[idx] = np.arange(tail, tail + n, dtype=np.int32)
+        self._buf[tail:tail + n] = idx
+        self._tail = tail + n
+        self._len += n
+
     def _extend_scalar(self, blocks: list[int] | tuple[int, ...]) -> bool:
         """``extend`` a block at a time; False (nothing done) when the marks or the buffer
         must grow first."""
@@ -398,6 +413,10 @@ class UncachedFirstQueue:
     def extend(self, blocks: Iterable[int]) -> None:
         for b in _plain_ints(blocks):
             self.append(b)
+
+    def extend_freed(self, idx: np.ndarray) -> None:
+        """Blocks a pool has just freed: each filed as ``append`` files it."""
+        self.extend(idx)
 
     def popleft(self) -> int:
         """An uncached block if any (the oldest freed), else the eviction order's victim

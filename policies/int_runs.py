@@ -34,7 +34,10 @@ def view(items: array) -> np.ndarray:
 def index(items: array | list[int] | np.ndarray) -> np.ndarray:
     """``items`` as the index array numpy gathers and scatters with fastest (``intp``: an
     index of 32-bit or unsigned ints is converted again at every use, about 4x slower for
-    a 1,000-block table, measured); a copy, so no view of ``items`` stays alive."""
+    a 1,000-block table, measured); a copy, so no view of ``items`` stays alive, except for
+    an index array already (returned as it is: numpy owns it, and no caller writes to it)."""
+    if type(items) is np.ndarray and items.dtype == np.intp:
+        return items
     return np.array(items, dtype=np.intp)
 
 
