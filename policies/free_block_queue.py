@@ -25,7 +25,9 @@ event, not its blocks)::
   again gets a new slot), one vectorized comparison for a whole window, so taking from the
   head skips dead entries in bulk.
 - When the buffer is full, its live entries move to the front of a buffer at least twice
-  their number (amortized O(1) per entry; dead entries never outnumber the buffer's size).
+  their number (amortized O(1) per entry; dead entries never outnumber the buffer's size),
+  unless nothing was taken from the head and at most half the entries are dead (an
+  unbounded cache's usual case): then the buffer doubles and no entry moves.
   Taking a never-used block out of the middle (tests only: no hit can) first moves the
   range into the buffer.
 """
@@ -140,8 +142,16 @@ class FreeBlockQueue:
         of a buffer with room for at least as many again (module docstring)."""
         if self._tail + count <= len(self._buf):
             return
-        live = self._live(self._head, self._tail)
-        size = len(self._buf)
+        tail, size = self._tail, len(self._buf)
+        if self._head == 0 and 2 * (self._len - len(self._fresh)) >= tail:
+            # nothing taken from the head and at most half the entries dead: no entry moves
+            while size < 2 * (tail + count):
+                size *= 2
+            store, grown = _int32s(size, 0)
+            grown[:tail] = self._buf[:tail]
+            self._bufa, self._buf = store, grown
+            return
+        live = self._live(self._head, tail)
         while size < 2 * (len(live) + count):
             size *= 2
         if size != len(self._buf):

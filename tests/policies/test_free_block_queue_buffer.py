@@ -57,10 +57,11 @@ def test_the_queue_is_a_plain_list_under_random_takes_frees_and_hits(tiny_buffer
         _check(q, model, held)
 
 
-def test_dead_entries_are_passed_over_and_the_full_buffer_drops_them(tiny_buffer):
+def test_dead_entries_are_passed_over_and_a_full_buffer_mostly_live_doubles(tiny_buffer):
     """Blocks 0..7 freed (the buffer grows to 16 slots), 1..6 hit (dead entries), 8..15
-    freed (the buffer is full), 3 freed again: the live entries 0, 7, 8..15 move to the front
-    of a buffer of 32 (twice what it then holds, rounded up), 3 behind them."""
+    freed (the buffer is full), 3 freed again: 6 of 16 entries are dead and nothing was
+    taken from the head, so the buffer doubles (to twice what it must hold, rounded up)
+    and no entry moves: 3 goes to slot 16."""
     q = FreeBlockQueue()
     q.extend(range(8))
     assert len(q._buf) == 16
@@ -68,12 +69,27 @@ def test_dead_entries_are_passed_over_and_the_full_buffer_drops_them(tiny_buffer
     q.extend(range(8, 16))
     assert q._tail == 16 and len(q) == 10
     q.append(3)
-    assert len(q._buf) == 32 and (q._head, q._tail) == (0, 11)
+    assert len(q._buf) == 64 and (q._head, q._tail) == (0, 17)
     assert list(q) == [0, 7, *range(8, 16), 3]
     q.remove(7)
     assert list(q.popleft_many(10)) == [0, *range(8, 16), 3] and not q
     with pytest.raises(IndexError, match="asked for 1 blocks, 0 in the free queue"):
         q.popleft_many(1)
+
+
+def test_a_full_buffer_mostly_dead_drops_its_dead_entries(tiny_buffer):
+    """Blocks 0..7 freed (16 slots), 1..7 hit, 8..15 freed (full), 8..12 hit: 12 of 16
+    entries are dead, so freeing 3 again moves the live entries 0, 13, 14, 15 to the front
+    of the buffer (16 slots: room for twice what it holds), 3 behind them."""
+    q = FreeBlockQueue()
+    q.extend(range(8))
+    q.remove_many(range(1, 8))
+    q.extend(range(8, 16))
+    q.remove_many(range(8, 13))
+    assert len(q._buf) == 16 and q._tail == 16
+    q.append(3)
+    assert len(q._buf) == 16 and (q._head, q._tail) == (0, 5)
+    assert list(q) == [0, 13, 14, 15, 3] and q._pos[3] == 4
 
 
 def test_wide_takes_skip_dead_entries_in_windows(monkeypatch):
