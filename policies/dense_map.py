@@ -230,6 +230,21 @@ class DenseMap:
         self._n += n
         return True
 
+    def put_absent_ints(self, keys: Sequence[int], values: Sequence[int]) -> None:
+        """``put_ints`` for small int keys the caller knows are absent and distinct (the
+        blocks of a run just filled name nothing yet): the same writes, no slot read first."""
+        n = len(keys)
+        if not n:
+            return
+        if n > NUMPY_RUN:
+            k = index(keys)
+            self._grow(int(k.max()))
+            self._view()[k] = np.asarray(values)
+        else:
+            self._cover(keys)
+            deque(map(self._arr.__setitem__, keys, values), maxlen=0)
+        self._n += n
+
     def put_others(self, keys: list[Hashable], values: Sequence[int]) -> bool:
         """``self[k] = v`` for each pair, where no key is a small int (a request's own blocks'
         identities), if none of ``keys`` is present; else nothing, and False. At C speed: one
@@ -239,17 +254,15 @@ class DenseMap:
         self._other.update(zip(keys, values))
         return True
 
-    def put_boxed(self, keys: Sequence[int], values: list[Hashable]) -> bool:
-        """``self[k] = v`` for each pair of small int keys (blocks) and values that are not
-        small ints (identities of a request's own blocks), if none of ``keys`` is present;
-        else nothing, and False. The keys must be distinct."""
-        n = len(keys)
-        if self._read(keys).count(ABSENT) != n:
-            return False
+    def put_absent_boxed(self, keys: Sequence[int], values: list[Hashable]) -> None:
+        """``self[k] = v`` for small int keys the caller knows are absent and distinct (the
+        blocks of a run just filled) and values that are not small ints (identities of a
+        request's own blocks): no slot read first, one ``dict.update``."""
+        if len(keys):
+            self._cover(keys)
         deque(map(self._arr.__setitem__, keys, repeat(BOXED)), maxlen=0)
         self._boxed.update(zip(keys, values))
-        self._n += n
-        return True
+        self._n += len(keys)
 
     def pop_many(self, keys: list[int]) -> list[Hashable]:
         """Remove those of ``keys`` (distinct small ints) that are present; return their

@@ -220,10 +220,10 @@ class V1PrefixCacheAllocator(PagedAllocator):
         request's ``own`` identities): both index entries of the whole run at once when none
         is cached yet (the usual case), else block by block."""
         cached, key_of = self._cached, self._key_of
-        put, put_back = (cached.put_others, key_of.put_boxed) if own else (cached.put_ints, key_of.put_ints)
-        if put(keys, blocks):
-            stored = put_back(blocks, keys)
-            assert stored, "a block just filled names no content yet"
+        put, put_back = ((cached.put_others, key_of.put_absent_boxed) if own
+                         else (cached.put_ints, key_of.put_absent_ints))
+        if put(keys, blocks):  # and a block just filled names nothing yet
+            put_back(blocks, keys)
         else:
             self._register(keys, blocks)
 

@@ -13,7 +13,8 @@ keys = st.one_of(st.integers(0, 40), st.integers(-3, -1),
                  st.tuples(st.just("u"), st.integers(0, 3), st.integers(0, 3)))
 values = st.one_of(st.integers(0, 50), st.tuples(st.just("u"), st.integers(0, 3), st.integers(0, 3)))
 ops = st.lists(st.tuples(st.sampled_from(["set", "pop", "del", "get", "put_ints", "pop_many",
-                                          "leading", "delete_many", "put_others", "put_boxed"]),
+                                          "leading", "delete_many", "put_others", "put_absent_ints",
+                                          "put_absent_boxed"]),
                          keys, values, st.lists(st.integers(0, 40), max_size=12, unique=True)),
                max_size=60)
 
@@ -53,13 +54,18 @@ def test_dense_map_does_what_a_dict_does(steps, size):
             assert m.put_ints(run, vals) == free
             if free:
                 d.update(zip(run, vals))
-        elif op in ("put_others", "put_boxed"):  # own identities <-> blocks, a run at once
+        elif op == "put_others":  # own identities -> blocks, a run at once
             own = [("u", v % 4, k) for k, v in zip(run, range(len(run)))]
-            ks, vals = (own, run) if op == "put_others" else (run, own)
-            free = not any(k in d for k in ks)
-            assert getattr(m, op)(ks, vals) == free
+            free = not any(k in d for k in own)
+            assert m.put_others(own, run) == free
             if free:
-                d.update(zip(ks, vals))
+                d.update(zip(own, run))
+        elif op in ("put_absent_ints", "put_absent_boxed"):  # the caller knows: absent keys only
+            absent = [k for k in run if k not in d]
+            vals = ([v % 50 for v in range(len(absent))] if op == "put_absent_ints"
+                    else [("u", 1, v) for v in range(len(absent))])
+            getattr(m, op)(absent, vals)
+            d.update(zip(absent, vals))
         elif op == "pop_many":
             assert m.pop_many(run) == [d.pop(k) for k in run if k in d]
         elif op == "leading":
@@ -92,6 +98,9 @@ def test_long_runs_go_through_numpy_and_agree_with_the_short_path():
     assert not m.put_ints(shuffled[1:] + [run[0]], list(range(n)))  # run[0] is present
     assert list(m.leading(shuffled)) == list(range(n)) and len(m) == n + 10
     assert m.pop_many(shuffled[:-1]) == list(range(n - 1)) and len(m) == 11
+    beyond = list(range(4 * n, 5 * n))  # absent, past the array: it grows
+    m.put_absent_ints(beyond, list(range(n)))
+    assert list(m.leading(beyond)) == list(range(n)) and len(m) == n + 11
 
 
 def test_pool_whole_table_paths_match_the_block_by_block_loop():
