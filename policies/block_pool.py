@@ -262,7 +262,7 @@ class QueuedBlockPool(BlockPool):
             held = rc[idx]
             free = idx[held == 0]
             if len(free):
-                self._free.remove_many(free)
+                self._free.remove_reclaimed(free)
             rc[idx] = held + 1
             return len(free)
         rc = self._refcount

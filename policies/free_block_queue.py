@@ -346,6 +346,18 @@ class FreeBlockQueue:
         pos[idx] = NOT_QUEUED
         self._len -= len(blocks)
 
+    def remove_reclaimed(self, idx: np.ndarray) -> None:
+        """``remove_many`` for free blocks a pool takes back (a prefix hit's, found free by
+        its refcounts): an index array of distinct queued blocks. The pool's books vouch
+        for what ``remove_many`` checks, so a whole hit costs one numpy write."""
+        if len(idx) <= SCALAR_BATCH:
+            self.remove_many(idx)
+            return
+        if self._any_fresh(idx):
+            self._spill()
+        self._pos[idx] = NOT_QUEUED
+        self._len -= len(idx)
+
     def _remove_scalar(self, blocks: list[int] | tuple[int, ...]) -> None:
         """``remove_many`` a block at a time (no never-used blocks left to spill)."""
         pos, was = self._posa, []
@@ -461,3 +473,7 @@ class UncachedFirstQueue:
     def remove_many(self, blocks: Iterable[int]) -> None:
         for b in _plain_ints(blocks):
             self.remove(b)
+
+    def remove_reclaimed(self, idx: np.ndarray) -> None:
+        """Free blocks a pool takes back: each taken out as ``remove`` takes it."""
+        self.remove_many(idx)

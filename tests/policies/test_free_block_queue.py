@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvsim.policies.block_pool import OutOfBlocks, QueuedBlockPool
+from kvsim.policies.block_pool import NUMPY_TABLE, OutOfBlocks, QueuedBlockPool
 from kvsim.policies.free_block_queue import FreeBlockQueue
 from kvsim.policies.v1_prefix_cache import V1PrefixCacheAllocator
 
@@ -36,6 +36,16 @@ def test_never_used_blocks_are_the_head_of_the_range_left():
     assert q.never_used == 4 and list(q)[:4] == [2, 3, 4, 5]
     q.popleft_many(5)
     assert q.never_used == 0 and QueuedBlockPool(3, 16).never_used == 3
+
+
+def test_a_whole_table_held_out_of_the_never_used_range():
+    """``hold`` past ``NUMPY_TABLE`` blocks on never-used ones (no prefix hit does this, a
+    pool user may): they leave the queue, and the next take skips them."""
+    n = NUMPY_TABLE + 8
+    pool = QueuedBlockPool(2 * n, 16)
+    assert pool.hold(list(range(1, n + 1))) == n
+    assert pool.num_free == n and pool.never_used == 0
+    assert list(pool.allocate_many(n)) == [0, *range(n + 1, 2 * n)]
 
 
 def test_queued_pool_takes_the_head_and_frees_to_the_tail():
