@@ -485,7 +485,7 @@ class PagedAllocator(KVAllocator):
             table = tables[s]
             if off == 0:
                 block = self._take()
-                self._grow(s, [block])
+                self._grow(s, block)
             else:
                 block = table[-1]
                 if refcount[block] > 1:
@@ -566,12 +566,12 @@ class PagedAllocator(KVAllocator):
         self.copied_blocks += 1
         return copy
 
-    def _grow(self, s: int, blocks: list[int]) -> int:
-        """Append fresh blocks to a resident sequence's table (its old last block is full
-        now); return the slots past its final length they bring (only its last block has any)."""
+    def _grow(self, s: int, block: int) -> int:
+        """Append a fresh block to a resident sequence's table (its old last block is full
+        now); return the slots past its final length it brings."""
         table = self._tables[s]
         self._filled[table[-1]] = self.block_size
-        table.extend(blocks)
+        table.append(block)
         return max(0, len(table) * self.block_size - self._final[s])
 
     def _pending_copies(self) -> list[int]:
@@ -915,8 +915,7 @@ class ExactTables:
             if rc[table[-1]] > 1:  # the last holder of a shared block keeps it
                 a._copy_last(table, (a._kv[s] + a._clock) % B)
         # A crossing sequence had no slots past its final length: its last block was full.
-        for s, block in zip(crossing, a._take_many(len(crossing))):
-            a._res_over += a._grow(s, [block])
+        a._res_over += sum(map(a._grow, crossing, a._take_many(len(crossing))))
         return True
 
     def grow_run(self, run: RunWeights) -> tuple[float, int, int, float]:
