@@ -62,10 +62,7 @@ class OneSequenceScheduler(TierLoads):
 
     # --- ends --------------------------------------------------------------------------
     def _end(self, g: SequenceGroup, status: Status, reason: str | None) -> None:
-        g.status = status
-        g.reason = reason
-        if g.finish is None:
-            g.finish = self.now
+        g.end(status, reason, self.now)
         self.on_terminal(g)
 
 

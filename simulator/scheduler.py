@@ -636,8 +636,5 @@ class Scheduler(TierLoads):
     def _end(self, g: SequenceGroup, status: Status, reason: str | None) -> None:
         if g.beam_width > 1:
             self.beam_groups -= 1
-        g.status = status
-        g.reason = reason
-        if g.finish is None:
-            g.finish = self.now
+        g.end(status, reason, self.now)
         self.on_terminal(g)

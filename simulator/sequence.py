@@ -80,6 +80,14 @@ class SequenceGroup:
             self.load_wait += done - start
         self.after_load = True
 
+    def end(self, status: Status, reason: str | None, now: float) -> None:
+        """The request ends with ``status`` (``reason``: why, when not finished); it finishes
+        at ``now`` (s) unless its last token already set the finish."""
+        self.status = status
+        self.reason = reason
+        if self.finish is None:
+            self.finish = now
+
     @property
     def generated(self) -> int:
         """Output tokens each live sequence has so far."""
