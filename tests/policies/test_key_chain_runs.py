@@ -6,11 +6,14 @@ contents meet under different parents, which positional contents never do."""
 from __future__ import annotations
 
 from array import array
+from unittest.mock import patch
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvsim.policies.key_chain import KeyChain, chain_keys_plain
+from kvsim.policies import key_chain
+from kvsim.policies.key_chain import FIRST_STRIDE, KeyChain, chain_keys_plain
 
 
 def test_a_branch_key_after_a_run_is_not_the_run_s_next_key():
@@ -32,16 +35,18 @@ prompts = st.lists(
 )
 
 
+@pytest.mark.parametrize("stride", [1, 3, FIRST_STRIDE])  # short strides: many doublings
 @settings(max_examples=200, deadline=None)
-@given(prompts)
-def test_keys_without_positions_are_the_block_by_block_keys(ops):
+@given(ops=prompts)
+def test_keys_without_positions_are_the_block_by_block_keys(stride, ops):
     chain, plain, seen = KeyChain(), {}, [[]]
-    for base, cut, new in ops:
-        prompt = seen[base % len(seen)][:cut] + new
-        seen.append(prompt)
-        assert list(chain.keys(prompt)) == chain_keys_plain(plain, prompt)
-    for prompt in seen:
-        assert list(chain.keys(prompt)) == chain_keys_plain(plain, prompt)
+    with patch.object(key_chain, "FIRST_STRIDE", stride):
+        for base, cut, new in ops:
+            prompt = seen[base % len(seen)][:cut] + new
+            seen.append(prompt)
+            assert list(chain.keys(prompt)) == chain_keys_plain(plain, prompt)
+        for prompt in seen:
+            assert list(chain.keys(prompt)) == chain_keys_plain(plain, prompt)
     assert len(chain) == len(plain)
 
 
