@@ -48,6 +48,25 @@ def test_a_whole_table_held_out_of_the_never_used_range():
     assert list(pool.allocate_many(n)) == [0, *range(n + 1, 2 * n)]
 
 
+def test_a_whole_hit_with_a_few_free_blocks_takes_them_out_of_the_queue():
+    """``hold`` past ``NUMPY_TABLE`` blocks of which only a few are free (fewer than the free
+    queue's one-by-one limit): those leave the queue, the rest just gain a holder."""
+    n = NUMPY_TABLE + 20
+    pool = QueuedBlockPool(2 * n, 16)
+    table = list(pool.allocate_many(n))
+    assert pool.release_table(table[:10][::-1]) == 10  # now free (and cached, for a v1 cache)
+    assert pool.hold(table) == 10
+    assert pool.num_free == n and all(pool.refcounts[b] == (1 if i < 10 else 2) for i, b in enumerate(table))
+    assert list(pool.allocate_many(n)) == list(range(n, 2 * n))
+
+
+def test_block_numbers_beyond_64_bits_are_refused_with_the_queue_s_own_errors():
+    with pytest.raises(ValueError, match="block numbers are integers >= 0"):
+        FreeBlockQueue().extend([2**70])
+    with pytest.raises(ValueError, match=f"block {2**70} is not in the free queue"):
+        FreeBlockQueue(range(4)).remove_many([2**70])
+
+
 def test_queued_pool_takes_the_head_and_frees_to_the_tail():
     pool = QueuedBlockPool(4, 16)
     assert list(pool.allocate_many(2)) == [0, 1]  # index order at first

@@ -92,6 +92,38 @@ def test_a_full_buffer_mostly_dead_drops_its_dead_entries(tiny_buffer):
     assert list(q) == [0, 13, 14, 15, 3] and q._pos[3] == 4
 
 
+def test_a_buffer_exactly_half_live_doubles_and_less_than_half_is_compacted(tiny_buffer):
+    """The boundary of the two ways: 8 live of 16 entries doubles the buffer (no entry moves,
+    the next goes to slot 16); 6 live of 16 compacts (the next goes to slot 6)."""
+    half, less = FreeBlockQueue(), FreeBlockQueue()
+    for q, hits in ((half, []), (less, [8, 9])):
+        q.extend(range(8))
+        q.remove_many(range(8))  # 8 dead entries
+        q.extend(range(8, 16))
+        q.remove_many(hits)
+        assert q._tail == 16 == len(q._buf)
+    half.append(0)
+    less.append(0)
+    assert (half._head, half._tail, half._pos[0]) == (0, 17, 16)
+    assert (less._head, less._tail, less._pos[0]) == (0, 7, 6)
+    assert list(less) == [10, 11, 12, 13, 14, 15, 0]
+
+
+def test_never_used_blocks_do_not_count_as_live_entries_of_the_buffer(tiny_buffer):
+    """8 never-used blocks at the head and 6 live entries of 32 in the buffer: the buffer is
+    mostly dead, so the next free compacts it (the range is not in the buffer)."""
+    q = FreeBlockQueue(range(24))
+    used = list(q.popleft_many(16))  # 0..15; 16..23 stay never used
+    q.extend(used)
+    q.remove_many(used)
+    q.extend(used)
+    q.remove_many(used[:10])
+    assert (q._tail, len(q._buf), q.never_used) == (32, 32, 8)
+    q.append(0)
+    assert (q._head, q._tail) == (0, 7)
+    assert list(q) == [*range(16, 24), *range(10, 16), 0]
+
+
 def test_wide_takes_skip_dead_entries_in_windows(monkeypatch):
     """A take wider than the one-by-one limit, over a head full of dead entries."""
     monkeypatch.setattr(free_block_queue, "SCALAR_BATCH", 0)
