@@ -18,9 +18,8 @@ from kvsim.simulator.prefix_cache_experiment import (
 from kvsim.simulator.sweep import expand_points, load_sweep, validate_points
 
 README = Path(__file__).resolve().parents[2] / "README.md"
-CHEAP = ("Mooncake synthetic (first 400)", "multi-turn chat", "few-shot (341-token prefix)")
-"""The README rows run again whole (~7 s on one core); the 4 GiB multi-turn rows (~5 s more)
-are left out."""
+ALL_ROWS = tuple(WORKLOADS)
+"""The README table's workloads, each run again whole (~12 s on one core)."""
 
 
 @pytest.fixture(scope="module")
@@ -100,11 +99,11 @@ def readme_rows(workloads) -> dict[tuple[str, str], list[str]]:
 
 
 def test_the_readme_rows_match_a_fresh_run():
-    """Every cell of the README's Mooncake, multi-turn and few-shot rows is what the
-    experiment prints now, character by character (whole workloads, not ``--tiny``)."""
-    fresh = markdown_table(run_comparison(workloads=CHEAP)).splitlines()[2:]
-    expected = readme_rows(CHEAP)
-    assert len(fresh) == len(expected) == len(CHEAP) * len(SYSTEMS)
+    """Every cell of the README's table is what the experiment prints now, character by
+    character (whole workloads, not ``--tiny``)."""
+    fresh = markdown_table(run_comparison(workloads=ALL_ROWS)).splitlines()[2:]
+    expected = readme_rows(ALL_ROWS)
+    assert len(fresh) == len(expected) == len(ALL_ROWS) * len(SYSTEMS)
     for line in fresh:
         cells = [c.strip() for c in line.strip("|").split("|")]
         assert expected[cells[0], cells[1]] == cells, line
