@@ -205,14 +205,14 @@ class V1PrefixCacheAllocator(PagedAllocator):
             return
         keys, rid = self._names[seq_id]
         table = self._tables[seq_id]
-        if self.on_evict is not None:
-            self._remember(list(block_identities(keys, rid, start, full)), identity_before(keys, rid, start),
-                           self._priority[seq_id])
         own = max(start, min(full, len(keys)))  # the first of the request's own blocks
+        private = list(own_identities(rid, own, full)) if full > own else []
+        if self.on_evict is not None:
+            self._remember([*keys[start:own], *private], identity_before(keys, rid, start), self._priority[seq_id])
         if own > start:  # shared keys: distinct ints, one chain's positions
             self._register_run(keys[start:own], table[start:own], own=False)
-        if full > own:
-            self._register_run(list(own_identities(rid, own, full)), table[own:full], own=True)
+        if private:
+            self._register_run(private, table[own:full], own=True)
         self._named[seq_id] = full
 
     def _register_run(self, keys: Sequence[Hashable], blocks: Sequence[int], own: bool) -> None:
