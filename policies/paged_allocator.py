@@ -121,6 +121,7 @@ class PagedAllocator(KVAllocator):
         # prefix cache
         self.prefix_caching = prefix_caching
         self._chain: dict[tuple, int] = {}  # (parent key, content) -> key: interned chain identities
+        self._last_keys: tuple[Sequence[Hashable], list[int]] = ((), [])  # the last prompt's (_keys)
         self._cached: dict[int, int] = {}  # key -> GPU block holding that content
         self._key_of: dict[int, int] = {}  # GPU block -> its key
         self._evictable: OrderedDict[int, None] = OrderedDict()  # cached blocks no sequence holds, LRU first
@@ -378,8 +379,14 @@ class PagedAllocator(KVAllocator):
         self._release_gpu(table)
 
     def _keys(self, prefix: Sequence[Hashable]) -> list[int]:
-        """Chain identities of the prompt's leading full blocks."""
-        return chain_keys_plain(self._chain, prefix)
+        """Chain identities of the prompt's leading full blocks (read-only). The last prompt's
+        are kept: a scheduler checks, looks up and admits the same prompt in turn, and a
+        prompt's keys never change once interned."""
+        last, keys = self._last_keys
+        if prefix is not last:
+            keys = chain_keys_plain(self._chain, prefix)
+            self._last_keys = (prefix, keys)
+        return keys
 
     def _hits(self, keys: list[int]) -> list[int]:
         """Blocks of the longest cached run of leading keys."""
