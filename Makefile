@@ -27,6 +27,18 @@ test: $(VENV)/.dev
 	$(VENV)/bin/lint-imports --no-cache
 	TRITON_INTERPRET=1 $(PY) -m pytest
 
+# The property tests at 50x the cases, from a fresh random seed (printed; SEED=N repeats a
+# run); every failure is saved in tests/hypothesis-failures/, which `make test` replays.
+# Not part of `make test` (tens of minutes on 2 cores).
+.PHONY: test-long
+ifndef SEED
+SEED := $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
+endif
+test-long: $(VENV)/.dev
+	@echo "hypothesis seed $(SEED)"
+	KVSIM_HYPOTHESIS_PROFILE=long TRITON_INTERPRET=1 $(PY) -m pytest tests/reference tests/policies \
+	  --hypothesis-seed=$(SEED)
+
 # Mutation testing, not part of `make test` (hours for the whole core on 2 cores; results
 # are cached in mutants/, so a rerun checks only mutants of changed functions). One module:
 # `make mutate MUTANTS='kvsim.policies.block_pool*'`. See mutation/README.md.
@@ -51,6 +63,7 @@ lint: $(VENV)/.dev
 
 bench: $(VENV)/.installed
 	$(PY) -m benchmarks.run
+	$(PY) -m benchmarks.profile_load
 
 clean:
 	rm -rf $(VENV) results .pytest_cache $(WHEEL_CHECK)

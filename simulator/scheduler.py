@@ -137,16 +137,23 @@ class FinishQueue:
     the v0 and v1 schedulers.
     """
 
-    __slots__ = ("_heap",)
+    __slots__ = ("_heap", "_by_admission")
 
-    def __init__(self) -> None:
-        self._heap: list[tuple[int, float, int, SequenceGroup]] = []  # (due, arrival, id, group)
+    def __init__(self, by_admission: bool = False) -> None:
+        """Groups due at the same tick retire in running-list order: by arrival (v0 keeps
+        its running list sorted by arrival), or with ``by_admission`` in the order they were
+        admitted (``SequenceGroup.admitted``: vLLM v1 frees the requests a step finished in
+        its scheduling order, running requests as admitted; the order decides which freed
+        block the free queue hands out, and so evicts, first)."""
+        self._heap: list[tuple[int, float, int, SequenceGroup]] = []  # (due, rank, id, group)
+        self._by_admission = by_admission
 
     def file(self, g: SequenceGroup) -> None:
         """(Re)file a running group: it finishes when the clock reaches next_finish - gen_base."""
         g.due = g.next_finish - g.gen_base
         r = g.request
-        heapq.heappush(self._heap, (g.due, r.arrival_time, r.request_id, g))
+        rank = g.admitted if self._by_admission else r.arrival_time
+        heapq.heappush(self._heap, (g.due, rank, r.request_id, g))
 
     def next_due(self) -> int | None:
         """Tick of the earliest finish among running groups (None: no running group)."""
@@ -284,7 +291,9 @@ class Scheduler(TierLoads):
             verdict = alloc.check_admit(g.prompt_len, final, live, self.watermark_slots, g.prefix)
             if verdict is Admission.NEVER:
                 self.waiting.popleft()
-                self._end(g, Status.REJECTED, f"needs more KV slots than the whole cache ({alloc.capacity})")
+                why = getattr(alloc, "never_reason", None)  # (a contiguous region too small)
+                self._end(g, Status.REJECTED, (why and why(g.prompt_len, final, live))
+                          or f"needs more KV slots than the whole cache ({alloc.capacity})")
                 continue
             if tiers is not None:
                 keys, hits = alloc.find_prefix(g.prefix)

@@ -84,7 +84,8 @@ class SchedulerV1(OneSequenceScheduler):
         self.waiting: deque[SequenceGroup] = deque()
         # running: in admission order, the last is preempted first; the clock counts steps:
         # a decoder's generated count is gen_base + ticks
-        self._finishes = FinishQueue()  # decoders by the tick of their last token
+        self._finishes = FinishQueue(by_admission=True)  # decoders by the tick of their last token
+        self._admissions = 0  # requests admitted so far: the next one's ``admitted`` rank
         self._prefilling: dict[SequenceGroup, int] = {}  # running and catching up -> num_computed
         self._last_step_end = 0.0  # when the last step ended (s): every running decoder sampled then
         # a load's facts in ``loading``: the keys it loads and the first one's parent
@@ -270,6 +271,8 @@ class SchedulerV1(OneSequenceScheduler):
             if g.first_scheduled is None:
                 g.first_scheduled = self.now
             self.running.append(g)
+            g.admitted = self._admissions
+            self._admissions += 1
             self._prefilling[g] = hit
             add_prefill_chunk(step, g, hit, n)
             budget -= n

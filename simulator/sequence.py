@@ -66,6 +66,7 @@ class SequenceGroup:
     beam_width: int = 1  # > 1: beams are re-chosen every step
     next_finish: int = 0  # fewest output tokens among live sequences: the group's next finish
     recomputing: bool = False  # preempted by recomputation and not yet prefilled again
+    admitted: int = 0  # vllm-v1: its rank in the running list's admission order (last admission)
     # cache tiers (vllm-v1; simulator.cache_tiers)
     loaded_tokens: int = 0  # tokens loaded from lower cache tiers, all loads
     load_wait: float = 0.0  # seconds spent loading before the first token (TTFT's load part)

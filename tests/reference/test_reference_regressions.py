@@ -396,3 +396,39 @@ def test_a_swapped_group_aborted_at_swap_in_unblocks_the_waiting_head():
     assert result.requests.set_index("request_id").loc[3, "status"] == "aborted"
     assert result.requests["preemptions"].sum() >= 2
     assert_same(cfg, requests)
+
+
+def test_v1_requests_finishing_in_one_step_free_their_blocks_in_running_order():
+    """Found by a randomized differential run (vllm-v1, prefix caching, a write-back CPU
+    tier): request 7 is preempted and admitted again, then finishes in the same step as
+    request 9, which has run since before 7's second admission. vLLM v1 frees a step's
+    finished requests in its scheduling order (running requests as admitted: 9, then 7),
+    so 9's blocks join the free queue first and are taken first. The fast engine freed by
+    arrival and id (7, then 9), took a cached block where the reference took a free one,
+    and counted one GPU eviction more (and stored one block more in the CPU tier)."""
+    cfg = {
+        "model": {"name": "llama-2-7b", "context_len_tokens": 128},
+        "hardware": {"gpu": "a100-80gb", "kv_cache_gib": 0.0751953125, "swap_space_gib": 0.0},
+        "workload": {"arrivals": {"kind": "poisson", "rate": 1.0}, "num_requests": 1,
+                     "lengths": {"kind": "fixed", "prompt_tokens": 1, "output_tokens": 1}},
+        "allocator": {"kind": "paged", "block_size": 16, "prefix_caching": True, "tiers": [
+            {"name": "cpu", "capacity_gib": 0.0078125, "link": {"bandwidth_gb_s": 4.0, "latency_s": 0.01},
+             "write_policy": "write-back"},
+            {"name": "disk", "capacity_gib": 0.0, "link": {"bandwidth_gb_s": 0.25, "latency_s": 0.0},
+             "write_policy": "write-through"}]},
+        "scheduler": {"policy": "vllm-v1", "max_num_seqs": 8, "max_num_batched_tokens": 32},
+        "seed": 0,
+    }
+    shapes = {5: (64, 23, None), 7: (51, 15, (0, 1, 2, 3)), 9: (17, 3, (0, 1)),
+              11: (17, 18, (0, 1)), 13: (17, 17, (10, 11))}
+    requests = []
+    for i in range(14):
+        prompt, output, hashes = shapes.get(i, (17, 1, (0, 1)))
+        if i == 5:  # a shared-prefix request, not hash-identified
+            requests.append(Request(i, 0.0, prompt, output, prefix_id="p0", prefix_tokens=16))
+        else:
+            requests.append(Request(i, 0.011 if i == 13 else 0.0, prompt, output,
+                                    hash_ids=hashes, hash_block_tokens=16))
+    result = simulate(ExperimentConfig.model_validate(cfg), requests)
+    assert result.requests.set_index("request_id").loc[7, "preemptions"] > 0
+    assert_same(cfg, requests)
