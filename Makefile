@@ -64,6 +64,7 @@ lint: $(VENV)/.dev
 bench: $(VENV)/.installed
 	$(PY) -m benchmarks.run
 	$(PY) -m benchmarks.profile_load
+	$(PY) -m benchmarks.startup
 
 clean:
 	rm -rf $(VENV) results .pytest_cache $(WHEEL_CHECK)

@@ -19,6 +19,13 @@ moon16 / moon256. (issue 21, prefix-caching speed) the whole Mooncake synthetic 
 mt10k / mt30k / mt100k. the generated multi-turn workload of
    ``configs/sglang_vs_vllm/multi_turn.yaml`` scaled to about 10k / 30k / 100k requests
    (more conversations at the same rate): the target is a flat cost per request.
+sg3k / sg12k. SGLang's radix cache (page 1) on long multi-turn conversations shaped like
+   Mooncake's conversation trace: 1,000 conversations of 2-22 turns over about an hour,
+   12,163 requests, 148M prompt tokens (12k a prompt; ``sg3k``: the first 250 conversations);
+   the engine falls behind and the queue grows, so the memory a waiting request holds counts
+   (target for sg12k: peak RSS <= 1 GB).
+
+Start-up (process start to the engine's first event) is ``benchmarks.startup``.
 
 Each case also reports its CPU seconds (``time.process_time``): on a machine others share,
 wall time counts their load too, while CPU time stays close to the single-core wall time.
@@ -109,6 +116,24 @@ def multi_turn_v1(conversations: int) -> dict:
     }
 
 
+def multi_turn_sglang(conversations: int) -> dict:
+    """Long chat conversations on SGLang's radix cache (page 1), about 12 requests each of
+    12k prompt tokens on average (a 4,500-token system prompt, user messages of 200-1,000 and
+    answers of 100-700 tokens, 2-22 turns), starting at 0.28 a second (about an hour for 1,000),
+    on one H100 (the engine falls behind: the waiting queue grows)."""
+    return {
+        "model": {"name": "llama-3-8b", "context_len_tokens": 131072},
+        "hardware": {"gpu": "h100-sxm"},
+        "cost_model": {"kind": "roofline", "efficiencies": "measured-rtx4090-a100"},
+        "workload": {"multi_turn": {
+            "conversations": conversations, "conversation_rate": 0.28, "turns": {"min": 2, "max": 22},
+            "system_prompt_tokens": 4500, "user_tokens": {"min": 200, "max": 1000},
+            "output_tokens": {"min": 100, "max": 700}, "think_time_s": 5.0, "assumed_tpot_s": 0.02}},
+        "allocator": {"kind": "paged", "block_size": 1, "prefix_caching": True},
+        "scheduler": {"policy": "sglang", "max_num_seqs": 256, "max_num_batched_tokens": 8192},
+    }
+
+
 CASES.update({
     "moon16": ("Mooncake synthetic (3,993 req), vllm-v1 prefix cache, block 16, no eviction",
                mooncake_v1(16)),
@@ -118,6 +143,9 @@ CASES.update({
     "mt30k": ("multi-turn chat, 6,000 conversations, vllm-v1 prefix cache", multi_turn_v1(6_000)),
     "mt100k": ("multi-turn chat, 20,000 conversations, vllm-v1 prefix cache",
                multi_turn_v1(20_000)),
+    "sg3k": ("long multi-turn chat, 250 conversations (~3k req), sglang radix cache", multi_turn_sglang(250)),
+    "sg12k": ("long multi-turn chat, 1,000 conversations (~12k req, 148M prompt tokens), sglang radix cache",
+              multi_turn_sglang(1_000)),
 })
 
 AS_VALIDATE_RUNS = ("val",)
@@ -223,7 +251,7 @@ def measure(name: str, macro: bool) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--cases", default="a,b,c,d10k,d100k,d1m,val,moon16,moon256,mt10k,mt30k,mt100k",
+    p.add_argument("--cases", default="a,b,c,d10k,d100k,d1m,val,moon16,moon256,mt10k,mt30k,mt100k,sg12k",
                    help="comma-separated: " + ",".join(CASES))
     p.add_argument("--no-macro", action="store_true", help="step one iteration at a time (for comparison)")
     p.add_argument("--child", help=argparse.SUPPRESS)

@@ -32,7 +32,7 @@ import traceback
 from dataclasses import replace
 from pathlib import Path
 
-PROFILES_DIR = Path(__file__).parent / "profiles"
+DEFAULT_OUT = Path("results") / "profiles"  # in the working directory, as `kvsim calibrate --import`
 
 # Seconds each section may take at most (they add up to the default budget).
 SECTION_SECONDS = {
@@ -99,7 +99,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         argv = argv[1:]
     p = argparse.ArgumentParser(prog="kvsim calibrate", description=__doc__.split("\n\n")[0])
     p.add_argument(
-        "--out", type=Path, default=PROFILES_DIR, help="directory for the profile, CSV and summary"
+        "--out", type=Path, default=DEFAULT_OUT,
+        help=f"directory for the profile, CSV and summary (default {DEFAULT_OUT}; a file already there "
+        "is never replaced)"
     )
     p.add_argument("--quick", action="store_true", help="a smaller grid (about a minute)")
     p.add_argument(
@@ -165,6 +167,11 @@ def main(argv: list[str] | None = None) -> int:
     return _run(args)
 
 
+def outputs(out: Path, slug: str) -> tuple[Path, Path, Path]:
+    """The files a run for GPU ``slug`` writes into ``out``: raw rows, summary, profile."""
+    return out / f"{slug}_raw.csv", out / f"{slug}_summary.json", out / f"{slug}.yaml"
+
+
 def _run(args: argparse.Namespace) -> int:
     import torch
     import triton
@@ -195,6 +202,11 @@ def _run(args: argparse.Namespace) -> int:
         name, sms = torch.cuda.get_device_name(device), props.multi_processor_count
         peak = hbm_peak_from_name(name)
     slug = gpu_slug(name)
+    taken = [p for p in outputs(args.out, slug) if p.exists() or p.is_symlink()]
+    if taken:  # hours of GPU time are not spent on a result that cannot be written
+        print(f"error: {taken[0]}: exists; kvsim calibrate never replaces a file: remove it or give "
+              "another --out", file=sys.stderr)
+        return 2
     args.out.mkdir(parents=True, exist_ok=True)
     csv_path = args.out / f"{slug}_raw.csv"
     print(

@@ -212,6 +212,15 @@ class ContiguousAllocator(KVAllocator):
             return Admission.NEVER
         return self._admission(reserves, watermark_slots)
 
+    def never_reason(self, prompt_len: int, final_len: int | Sequence[int], num_seqs: int) -> str | None:
+        """Why :meth:`check_admit` says NEVER when the cache is not too small: a sequence longer
+        than the region it would get (``max_seq_len``: ``allocator.reserve_tokens``); else None."""
+        for f in final_lengths(final_len, num_seqs):
+            if self._reservation(prompt_len, f) < f:
+                return (f"needs {f} KV slots (prompt + output - 1) but a region holds at most {self.max_seq_len} "
+                        "(allocator.reserve_tokens)")
+        return None
+
     def admit(self, seq_ids: Sequence[int], prompt_len: int, final_len: int,
               prefix: Sequence[Hashable] = ()) -> int:
         """Place one region per sequence, each with its own copy of the prompt (no prefix cache)."""

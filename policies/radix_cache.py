@@ -32,8 +32,10 @@ What differs from vLLM's block cache (``policies.v1_prefix_cache``), after SGLan
   leaf by (tokens from the root through it, its tokens), so re-inserting the same leaf
   under the same parent is a ghost hit. ARC's ``c`` is the capacity in pages.
 
-Cost: every operation walks nodes, not tokens. Keys are tuples; a node is compared with
-the query by one slice comparison (C speed), and only when they differ does a binary
+Cost: every operation walks nodes, not tokens. Keys are tuples, or ``array('q')`` when
+the tokens are (:func:`packed_tokens`: 8 bytes a token, no int objects; a tree holds one
+kind or the other, :meth:`RadixTree.unpack` turns arrays into tuples); a node is compared
+with the query by one slice comparison (C speed), and only when they differ does a binary
 search of slice comparisons find the split point. Time is a logical counter (one tick per
 operation), so runs are deterministic.
 
@@ -54,13 +56,16 @@ tokens not yet in the tree), ``page_slack`` (the rest of a running request's las
 from __future__ import annotations
 
 import heapq
+from array import array
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from kvsim.policies.eviction_order import EVICTION_POLICIES, EvictionOrder
 from kvsim.policies.kv_allocator import MemoryUsage
 
-Tokens = tuple[Hashable, ...]
+Tokens = tuple[Hashable, ...] | array
 
 
 @dataclass(eq=False, slots=True)
@@ -209,7 +214,8 @@ class RadixTree:
         if pos == n:
             return pos, node
         self._uid += 1
-        leaf = Node(tuple(tokens[pos:n]), node, n, self._uid, self.time, self.time, 1, priority)
+        key = tokens[pos:n] if isinstance(tokens, array) else tuple(tokens[pos:n])
+        leaf = Node(key, node, n, self._uid, self.time, self.time, 1, priority)
         node.children[self._edge(tokens, pos)] = leaf
         self.total += n - pos
         self.evictable += n - pos
@@ -269,6 +275,11 @@ class RadixTree:
             heapq.heapify(self._heap)
         return freed
 
+    def unpack(self) -> None:
+        """Turn every node's key into a tuple (its tokens are no longer all packed)."""
+        for n in self.nodes():
+            n.key = tuple(n.key)
+
     # --- inspection ---------------------------------------------------------------------
     def nodes(self) -> list[Node]:
         out, stack = [], list(self.root.children.values())
@@ -313,7 +324,7 @@ class RadixTree:
 
 def _ghost(node: Node) -> tuple:
     """What ARC's ghost lists remember an evicted node by: where it ends and its tokens."""
-    return (node.end, node.key)
+    return (node.end, node.key if isinstance(node.key, tuple) else tuple(node.key))
 
 
 def _evictable(node: Node) -> bool:
@@ -415,6 +426,12 @@ class RadixCacheAllocator:
         mine = keys[first:]
         self.on_evict(mine, [keys[j - 1] if j else None for j in range(first, len(keys))],
                       [node.priority] * len(mine))
+
+    def unpack(self) -> None:
+        """Hold every token sequence as a tuple from now on (see :meth:`RadixTree.unpack`)."""
+        self.tree.unpack()
+        for h in self.held.values():
+            h.tokens = tuple(h.tokens)
 
     def cached_len(self, rid: int) -> int:
         """Tokens of a running request that are tree tokens (its locked prefix)."""
@@ -543,7 +560,7 @@ class RadixCacheAllocator:
         self.tree.check()
         locks: dict[int, int] = {}
         for h in self.held.values():
-            assert h.tokens[:h.cached] in self.tree.sequences() or h.cached == 0, "held prefix not cached"
+            assert tuple(h.tokens[:h.cached]) in self.tree.sequences() or h.cached == 0, "held prefix not cached"
             assert h.node.end == h.cached and h.node.stamp != -1, "request's node is not its cached prefix"
             assert h.slots == -(-(h.computed - h.cached) // self.page_size) * self.page_size, "private slots"
             m = h.node
@@ -598,3 +615,62 @@ def request_tokens(request, output_tokens: int) -> Tokens:
     for p in parts:
         out.extend(p)
     return tuple(out)
+
+
+_INT64_MAX = 2**63 - 1
+
+
+def packed_tokens(request, output_tokens: int) -> array | None:
+    """:func:`request_tokens`' values in an ``array('q')``: 8 bytes a token and no int object
+    per token (a tuple of fresh ints costs 40), which is what the SGLang scheduler holds for
+    every waiting and running request. None where a value is not a 64-bit int: a named
+    prefix's tokens (tuples), ids from 2**61 on, request ids from 2**21 on."""
+    P, rid = request.prompt_tokens, request.request_id
+    parts: list[np.ndarray] = []
+    shared = 0
+    try:
+        if request.token_ids is not None:
+            parts.append(_times4(request.token_ids))
+            shared = P
+            answer = getattr(request, "output_token_ids", None)
+            if answer is not None:
+                parts.append(_times4(answer[:output_tokens]))
+                shared += min(len(answer), output_tokens)
+        elif request.hash_ids:
+            hb = request.hash_block_tokens
+            for h in request.hash_ids:
+                n = min(hb, P - shared)
+                if n <= 0:
+                    break
+                base = h * hb
+                parts.append(_range4(base, base + n, 1))
+                shared += n
+        elif request.prefix_id is not None and request.prefix_tokens:
+            return None
+        base = rid << 40
+        parts.append(_range4(base + shared, base + P + output_tokens, 3))
+    except (OverflowError, TypeError, ValueError):
+        return None
+    out = array("q")
+    out.frombytes(np.concatenate(parts).tobytes())
+    return out
+
+
+def _times4(ids) -> np.ndarray:
+    """Real token ids, tagged (``id * 4``), as int64; TypeError unless they are ints,
+    OverflowError if one does not fit."""
+    if not len(ids):
+        return np.zeros(0, dtype=np.int64)
+    a = np.asarray(ids)
+    if a.dtype.kind not in "iu" or a.ndim != 1:
+        raise TypeError("token ids are not integers")
+    if int(a.max()) > _INT64_MAX // 4 or int(a.min()) < -(_INT64_MAX // 4):
+        raise OverflowError("token id past int64 / 4")
+    return a.astype(np.int64) * 4
+
+
+def _range4(start: int, stop: int, kind: int) -> np.ndarray:
+    """``value * 4 + kind`` for value in start..stop - 1, as int64; OverflowError if one does not fit."""
+    if stop > start and (start < 0 or (stop - 1) * 4 + kind > _INT64_MAX):
+        raise OverflowError("token past int64")
+    return np.arange(start, max(start, stop), dtype=np.int64) * 4 + kind

@@ -215,6 +215,14 @@ class ReferenceContiguousAllocator:
             return NEVER  # a sequence would outgrow its region
         return self.check_regions(reserves, watermark_slots)
 
+    def never_reason(self, prompt_len: int, finals: list[int]) -> str | None:
+        """A sequence longer than its region (``allocator.reserve_tokens``), if that is why NEVER."""
+        for f in finals:
+            if reservation(self.reservation, prompt_len, f, self.max_seq_len) < f:
+                return (f"needs {f} KV slots (prompt + output - 1) but a region holds at most {self.max_seq_len} "
+                        "(allocator.reserve_tokens)")
+        return None
+
     def place(self, s: int, reserve: int, kv: int, final: int) -> None:
         offset = self.space.allocate(reserve)
         assert offset is not None, "placed without a check"

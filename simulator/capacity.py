@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from kvsim.simulator.cost_model.catalogue import GiB, GPUSpec, ModelSpec
 from kvsim.simulator.cost_model.gemm_shapes import kv_heads_per_gpu, layer_gemms, lm_head_gemm
+from kvsim.simulator.cost_model.moe import ExpertGroup, moe_weight_bytes_per_gpu
 
 FP32_BYTES = 4
 
@@ -76,8 +77,12 @@ def block_bytes_per_gpu(model: ModelSpec, tp: int, block_size: int) -> int:
     return block_size * per_token
 
 
-def weight_bytes_per_gpu(model: ModelSpec, tp: int) -> int:
+def weight_bytes_per_gpu(model: ModelSpec, tp: int, group: ExpertGroup | None = None) -> int:
     """Weights one GPU holds, as vLLM shards them, plus its position table.
+
+    A mixture-of-experts model's MoE layers hold, instead of a dense MLP, the GPU's share of
+    every expert (``moe.moe_weight_bytes_per_gpu`` over ``group``: by default the replica's
+    ``tp`` GPUs, experts split by tensor parallelism).
 
     The layers' matrices as :func:`~simulator.cost_model.gemm_shapes.layer_gemms` splits them
     (KV projections replicated when ``tp`` exceeds the KV heads), the token embedding and the
@@ -86,12 +91,17 @@ def weight_bytes_per_gpu(model: ModelSpec, tp: int) -> int:
     families here: Llama, Qwen, Mistral) keep a cos/sin cache of ``max_position_embeddings x
     head_dim``, OPT a learned ``max_position_embeddings x hidden`` table. Biases are ignored.
     """
-    layers = model.num_layers * sum(n * k for n, k in layer_gemms(model, tp))
+    gemms = [n * k for n, k in layer_gemms(model, tp)]
+    layers = model.num_layers * sum(gemms)
+    moe = 0.0
+    if model.moe is not None:  # MoE layers: no dense MLP (the last two GEMMs), their experts instead
+        layers -= model.moe.moe_layers(model.num_layers) * sum(gemms[2:])
+        moe = moe_weight_bytes_per_gpu(model, group or ExpertGroup(tp))
     n, k = lm_head_gemm(model, tp)
     vocab = (2 if model.gated_ffn else 1) * n * k  # Llama-family heads are untied; OPT ties them
     norms = (2 * model.num_layers + 1) * model.hidden_size
     positions = model.max_seq_len * (model.head_dim if model.gated_ffn else model.hidden_size)
-    return (layers + vocab + norms + positions) * model.dtype_bytes
+    return round((layers + vocab + norms + positions) * model.dtype_bytes + moe)
 
 
 def estimated_peak_activation_bytes(model: ModelSpec, tp: int, max_num_batched_tokens: int,
@@ -137,9 +147,11 @@ def memory_budget(
     peak_activation_bytes: int | None = None,
     non_torch_bytes: int = 0,
     cuda_graph_bytes: int = 0,
+    expert_group: ExpertGroup | None = None,
 ) -> MemoryBudget:
     """One GPU's budget; ``total_bytes`` None: what the driver reports for this GPU where the
-    catalogue knows it, else the datasheet capacity; ``peak_activation_bytes`` None: estimated."""
+    catalogue knows it, else the datasheet capacity; ``peak_activation_bytes`` None: estimated;
+    ``expert_group``: how a MoE model's experts are split (None: over the ``tensor_parallel`` GPUs)."""
     if peak_activation_bytes is None:
         peak_activation_bytes = estimated_peak_activation_bytes(
             model, tensor_parallel, max_num_batched_tokens, max_num_seqs
@@ -147,7 +159,7 @@ def memory_budget(
     return MemoryBudget(
         total_bytes=gpu.reported_memory_bytes if total_bytes is None else total_bytes,
         gpu_memory_utilization=gpu_memory_utilization,
-        weight_bytes=weight_bytes_per_gpu(model, tensor_parallel),
+        weight_bytes=weight_bytes_per_gpu(model, tensor_parallel, expert_group),
         peak_activation_bytes=peak_activation_bytes,
         non_torch_bytes=non_torch_bytes,
         cuda_graph_bytes=cuda_graph_bytes,

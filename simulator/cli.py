@@ -20,13 +20,14 @@ executor's ``--executor``/``--address``/``--workers``/``--no-progress``) comes f
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from kvsim.simulator.display import fmt_cell, fmt_number
+from kvsim.simulator.display import fmt_cell, fmt_number, group_reasons
 
 HEADLINE = (
     ("completed", "requests completed", "{:.0f}"),
@@ -41,8 +42,8 @@ HEADLINE = (
     ("normalized_latency_s_per_token", "normalized latency (s/token)", "{:.4f}"),
     ("mean_batched_requests", "mean batched requests", "{:.2f}"),
     ("num_preemptions", "preemptions", "{:.0f}"),
-    ("kv_num_gpu_blocks", "KV blocks per replica", "{:.0f}"),
-    ("kv_cache_usage_perc", "KV cache allocated (%)", "{:.1f}"),
+    ("kv_num_gpu_blocks", "GPU KV blocks per replica", "{:.0f}"),
+    ("kv_cache_usage_perc", "KV cache usage, allocated (%)", "{:.1f}"),
     ("mem_token_states_perc", "  token states (%)", "{:.1f}"),
     ("mem_reserved_perc", "  reserved (%)", "{:.1f}"),
     ("mem_internal_frag_perc", "  internal fragmentation (%)", "{:.1f}"),
@@ -53,18 +54,38 @@ HEADLINE = (
 
 
 def summary_table(summary: dict, title: str) -> Table:
-    table = Table(title=title, show_header=True, header_style="bold")
+    table = Table(title=title, show_header=True, header_style="bold", caption="summary.json keys: the label's words (mean_ttft_ms), else shown dim")
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key, label, fmt in HEADLINE:
         v = summary.get(key)
-        table.add_row(f"{label} [dim]{key}[/dim]", fmt_number(v, fmt))
+        table.add_row(label if label_says(label, key) else f"{label} [dim]{key}[/dim]", fmt_number(v, fmt))
     return table
+
+
+def label_says(label: str, key: str) -> bool:
+    """Whether a row's label already names its summary.json key, so that showing the key would
+    repeat it ("requests completed" says ``completed``; "mean TTFT (ms)" says ``mean_ttft_ms``):
+    each word of the key begins a word of the label (``frag``: fragmentation; ``/`` reads as
+    ``per``, ``%`` as ``perc``), the family prefixes ``num`` and ``mem`` aside."""
+    words = re.findall(r"[a-z0-9]+", label.lower().replace("/", " per ").replace("%", " perc "))
+    return all(any(w.startswith(k) for w in words) for k in key.split("_") if k not in ("num", "mem"))
+
+
+def reason_lines(summary: dict) -> list[str]:
+    """``205 rejected:`` and why, by kind with counts (likewise aborted), for the console."""
+    out = []
+    for status, key in (("rejected", "reject_reasons"), ("aborted", "abort_reasons")):
+        if summary.get(status):
+            out.append(f"{summary[status]} {status}:")
+            out += [f"  {line}" for line in group_reasons(summary.get(key) or {})]
+    return out
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from kvsim.simulator.config import ConfigError, load_config
-    from kvsim.simulator.results import check_writable, default_run_dir, write_run
+    from kvsim.simulator.outputs import check_writable
+    from kvsim.simulator.results import default_run_dir, write_run
     from kvsim.simulator.run_progress import RunProgress
     from kvsim.simulator.runner import expected_duration_s, expected_requests, run_experiment
     from kvsim.simulator.shipped_configs import find_config, shipped_names
@@ -85,6 +106,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         result = run_experiment(cfg, base_dir, progress=progress)
     run_dir = write_run(result, run_dir, plot=not args.no_plot)
     console.print(summary_table(result.summary, f"{cfg.name}  ({result.wall_s:.2f} s wall)"))
+    for line in reason_lines(result.summary):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     console.print(f"results: {run_dir}")
     plot = run_dir / "memory_timeline.png"
     if plot.is_file():  # not drawn with --no-plot, nor without the per-step table
@@ -105,7 +128,10 @@ def _parse_find_rate(text: str) -> dict:
         if "=" not in part:
             raise SweepError(f"--find-rate {text}: expected KEY=VALUE pairs, e.g. lo=0.5,hi=16")
         k, v = part.split("=", 1)
-        out[k.strip()] = yaml.safe_load(v) if v.strip() else None
+        try:
+            out[k.strip()] = yaml.safe_load(v) if v.strip() else None
+        except (yaml.YAMLError, ValueError):  # (ValueError: an integer of more digits than Python reads)
+            raise SweepError(f"--find-rate {k.strip()}: not a number or YAML value: {v[:20]!r}") from None
     return out
 
 
@@ -114,7 +140,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     _check_address(args)
     if args.name is not None:
-        from kvsim.simulator.config import check_name
+        from kvsim.simulator.outputs import check_name
 
         try:
             check_name(args.name, "--name")
@@ -148,12 +174,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     for p in result.paths:
         print(f"table:   {p}")
     if args.plot:
+        from kvsim.simulator.outputs import OutputError
         from kvsim.simulator.plot_cli import PlotError, plot_sweep
 
         try:
             for p in plot_sweep(result.dir):
                 print(f"plot:    {p}")
-        except PlotError as e:
+        except (PlotError, OutputError) as e:  # the sweep's own results are written all the same
             console.print(f"[yellow]no plots: {e}[/yellow]")
     if result.failed:
         print(f"error: {result.failed} runs failed; their errors are in the error column of "
@@ -224,6 +251,12 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         raise UsageError(f"--only {', '.join(unknown)}: unknown experiment; choose from "
                          f"{', '.join(e.key for e in EXPERIMENTS)}")
     console = Console()
+    if args.dry_run:
+        from kvsim.simulator.reproduce import run_experiments
+
+        run_experiments(Path(args.out), args.quick, only=only, log=console.print, dry_run=True)
+        console.print("all sections valid; nothing run")
+        return 0
     report = reproduce(Path(args.out), quick=args.quick, executor=args.executor, workers=args.workers,
                        address=args.address, only=only, progress=not args.no_progress, log=console.print)
     console.print(f"report:  {report.path}")
@@ -245,7 +278,7 @@ def _check_address(args: argparse.Namespace) -> None:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from kvsim.simulator.results import check_writable
+    from kvsim.simulator.outputs import check_writable
     from kvsim.simulator.validate import validate_run
     from kvsim.simulator.validate_report import readme_snippet, write_validation
 
@@ -253,8 +286,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else None
     if out is not None:
         check_writable(out)  # before simulating
+    given = {"block_size": args.block_size, "max_model_len": args.max_model_len, "data_parallel": args.data_parallel,
+             "tensor_parallel": args.tensor_parallel, "max_num_seqs": args.max_num_seqs,
+             "max_num_batched_tokens": args.max_num_batched_tokens, "num_gpu_blocks": args.num_gpu_blocks,
+             "prefix_caching": None if args.prefix_caching is None else args.prefix_caching == "on",
+             "expert_parallel": args.expert_parallel}
     v = validate_run(folder, workload=args.workload, cost_model=args.cost_model, profile=args.profile,
-                     gpu=args.gpu, model=args.model, overrides=args.set or [])
+                     gpu=args.gpu, model=args.model, overrides=args.set or [], given=given)
     out = out or Path("results") / "validate" / v.folder.name
     write_validation(v, out, plot=not args.no_plot)
     if args.readme_snippet:
@@ -264,6 +302,17 @@ def cmd_validate(args: argparse.Namespace) -> int:
     print("replay wall time: " + ", ".join(f"{r.label} {r.wall_s:.2f} s" for r in v.replays))
     print(f"report:  {out / 'report.md'}")
     return 0
+
+
+def _positive_int(text: str) -> int:
+    """An option's value that must be a whole number >= 1 (argparse prints the error on one line)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
+    return value
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
@@ -296,6 +345,21 @@ def _add_set_option(parser: argparse.ArgumentParser, help: str) -> None:
     parser.add_argument("--set", action="append", metavar="KEY=VALUE", help=help)
 
 
+def _worker_count(text: str) -> int:
+    """``--workers``: 1 to 4096 processes (refused before anything runs or is written)."""
+    value = _positive_int(text[:40])
+    if value > 4096:
+        raise argparse.ArgumentTypeError(f"expected at most 4096 processes, got {value}")
+    return value
+
+
+def _add_dry_run_option(parser: argparse.ArgumentParser) -> None:
+    """``--dry-run`` (sweep, reproduce): every run the command would make, resolved and checked
+    as it would be run (for reproduce: each section's sweeps as --quick or the full run build
+    them), and listed; nothing is run or written."""
+    parser.add_argument("--dry-run", action="store_true", help="validate and list the runs; run nothing")
+
+
 def _add_executor_options(parser: argparse.ArgumentParser) -> None:
     """Where the runs of a sweep go (``kvsim sweep`` and ``kvsim reproduce`` share the executor,
     so they share its options): the executor, a Ray address, the worker count, progress bars.
@@ -303,9 +367,10 @@ def _add_executor_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--executor", choices=("local", "ray"), default="local",
                         help="local process pool (default) or Ray")
     parser.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
-    parser.add_argument("--workers", type=int, help="processes (local) or CPUs of a local Ray; default: one "
+    parser.add_argument("--workers", type=_worker_count, help="processes (local) or CPUs of a local Ray; default: one "
                         "per core; 1 runs in this process")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress (a bar on a terminal, else a line every few seconds)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -318,7 +383,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--run", help="name of the run folder (default: hash of the resolved config)")
     run.add_argument("--out", help="results folder (default: the config's output_dir, 'results')")
     run.add_argument("--no-plot", action="store_true", help="do not draw the memory timeline")
-    run.add_argument("--quiet", action="store_true", help="no progress bar (it is drawn only on a terminal)")
+    run.add_argument("--quiet", action="store_true", help="no progress (a bar on a terminal, else a line every few seconds)")
     run.add_argument("--strict", action="store_true",
                      help="a degenerate run (no request completed, an empty workload) exits 2, not 0")
     run.set_defaults(func=cmd_run)
@@ -346,7 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--retry-failed", action="store_true", help="run again the configs that failed before")
     sw.add_argument("--plot-runs", action="store_true", help="draw each run's memory timeline")
     sw.add_argument("--plot", action="store_true", help="draw the sweep's figures when done (kvsim plot)")
-    sw.add_argument("--dry-run", action="store_true", help="validate and list the grid points; run nothing")
+    _add_dry_run_option(sw)
     sw.set_defaults(func=cmd_sweep)
 
     from kvsim.simulator.plot_cli import add_plot_command
@@ -363,6 +428,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("paper", choices=("vllm-paper",), help="which paper")
     rep.add_argument("--quick", action="store_true", help="reduced workloads: a few minutes on 2 cores")
     rep.add_argument("--only", help="comma-separated experiments, e.g. fig2,fig13")
+    _add_dry_run_option(rep)
     rep.add_argument("--out", default="results/vllm-paper", help="results folder (default: results/vllm-paper)")
     _add_executor_options(rep)
     rep.set_defaults(func=cmd_reproduce)
@@ -370,17 +436,34 @@ def build_parser() -> argparse.ArgumentParser:
     va = sub.add_parser("validate", help="replay a measured serving run and compare (report + figures)",
                         description="Replay a real engine's run (meta.json, requests.jsonl, timeseries.csv and "
                         "the workload with token ids) with the settings it records, under vllm-v1 and vllm-v0, "
-                        "and write a measured-vs-simulated report. Nothing is fitted to the measurement.")
+                        "and write a measured-vs-simulated report. Nothing is fitted to the measurement. A "
+                        "setting the run does not record comes from an option below, the operator profile "
+                        "(GPU, block size), the model (context window) or vLLM's default; the report lists "
+                        "each, and an error names every one still missing.")
     va.add_argument("folder", help="run folder, e.g. gpu_validation/runs/vllm-0.19-rtx4090-llama-3.1-8b")
     va.add_argument("--workload", help="the workload file (default: meta.json's dataset_path in the folder's "
                     "workload/)")
     va.add_argument("--out", help="report folder (default: results/validate/<run name>)")
     va.add_argument("--cost-model", choices=("profiled", "roofline"), default="profiled",
                     help="step times from an operator profile (default) or the roofline")
-    va.add_argument("--profile", help="operator profile NAME or PATH (default: the shipped one for the run's "
-                    "GPU and model)")
-    va.add_argument("--gpu", help="catalogue GPU (default: from meta.json's device name)")
+    va.add_argument("--profile", help="operator profile NAME or PATH (default: the one for the run's GPU and "
+                    "model, shipped or imported into results/profiles)")
+    va.add_argument("--gpu", help="catalogue GPU (default: from meta.json's device name, else the profile's)")
     va.add_argument("--model", help="catalogue model (default: from meta.json's model, or its recorded shape)")
+    for flag, what in (("--block-size", "KV block size in tokens (default: meta.json's, else the profile's)"),
+                       ("--max-model-len", "context window in tokens (default: meta.json's, else the model's)"),
+                       ("--data-parallel", "engines, each with its own KV pool (default: meta.json's, else 1)"),
+                       ("--tensor-parallel", "GPUs per engine (default: meta.json's, else 1)"),
+                       ("--max-num-seqs", "the engine's max_num_seqs (default: meta.json's)"),
+                       ("--max-num-batched-tokens", "the engine's token budget per step (default: meta.json's)"),
+                       ("--num-gpu-blocks", "KV blocks per engine as vLLM logged them (default: meta.json's, "
+                        "else computed)")):
+        va.add_argument(flag, type=_positive_int, metavar="N", help=f"{what}; wins over meta.json")
+    va.add_argument("--expert-parallel", action="store_true", default=None,
+                    help="the run split a MoE model's experts whole over its GPUs (default: meta.json's "
+                    "enable_expert_parallel, else off)")
+    va.add_argument("--prefix-caching", choices=("on", "off"),
+                    help="prefix caching (default: meta.json's, else vLLM's default, on)")
     _add_set_option(va, "override a key of every replay")
     va.add_argument("--no-plot", action="store_true", help="no figures")
     va.add_argument("--readme-snippet", action="store_true",
@@ -393,17 +476,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    from kvsim.simulator.config import ConfigError
-    from kvsim.simulator.cost_model.calibration_profile import ProfileError
-    from kvsim.simulator.cost_model.operator_profile import OperatorProfileError
-    from kvsim.simulator.engine import SimulationStalled
-    from kvsim.simulator.plot_cli import PlotError
-    from kvsim.simulator.results import OutputError
-    from kvsim.simulator.sweep import SweepError
-    from kvsim.simulator.validate import ValidateError
-    from kvsim.traces import TraceError
+# The errors that are the user's (one line, exit 2), by the module that defines each.
+USER_ERRORS = (
+    ("kvsim.simulator.config", "ConfigError"), ("kvsim.traces.errors", "TraceError"),
+    ("kvsim.simulator.engine", "SimulationStalled"), ("kvsim.simulator.sweep", "SweepError"),
+    ("kvsim.simulator.plot_cli", "PlotError"), ("kvsim.simulator.outputs", "OutputError"),
+    ("kvsim.simulator.cost_model.calibration_profile", "ProfileError"),
+    ("kvsim.simulator.cost_model.operator_profile", "OperatorProfileError"),
+    ("kvsim.simulator.measured_run", "ValidateError"),
+)
 
+
+def _user_errors() -> tuple[type[Exception], ...]:
+    """:data:`USER_ERRORS` of the modules loaded so far, and :class:`UsageError`. A class whose
+    module was never imported cannot have been raised, so nothing is imported for this: a run
+    does not load the sweep, plot and validate modules (pandas) to start, nor while handling
+    an error (a Ctrl-C)."""
+    found = (getattr(sys.modules.get(module), name, None) for module, name in USER_ERRORS)
+    return (UsageError, *(cls for cls in found if cls is not None))
+
+
+def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         if argv[:1] == ["calibrate"] and "--import" in argv[1:]:  # a public profile bundle -> a profile
@@ -417,8 +510,7 @@ def main(argv: list[str] | None = None) -> int:
         except SystemExit as e:  # --help (0) or a usage error (2, already printed on one line)
             return e.code if isinstance(e.code, int) else 2
         return args.func(args)
-    except (ConfigError, TraceError, SimulationStalled, SweepError, PlotError, OutputError, ProfileError,
-            OperatorProfileError, UsageError, ValidateError) as e:
+    except _user_errors() as e:  # (evaluated only when an exception propagates)
         print(f"error: {e}", file=sys.stderr)
         return 2
     except FileNotFoundError as e:

@@ -19,10 +19,10 @@ A schema that cannot be misread:
 
 from __future__ import annotations
 
-import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, get_args
+from typing import Annotated, Any, ClassVar, Literal, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -40,12 +40,24 @@ from pydantic import (
 from kvsim.policies.contiguous_allocator import contiguous_preset
 from kvsim.simulator.capacity import MemoryBudget, kv_slots, memory_budget
 from kvsim.simulator.cost_model.catalogue import GPUS, MODELS, GiB, GPUSpec, ModelSpec
+from kvsim.simulator.cost_model.host_time import HostTime, host_preset
+from kvsim.simulator.cost_model.interconnect import (
+    INTERCONNECT_RULE,
+    LinkSpec,
+    check_ranks,
+    explicit_link,
+    interconnect,
+)
+from kvsim.simulator.cost_model.moe import ExpertGroup, MoESpec
 from kvsim.simulator.cost_model.roofline import (
     RooflineParams,
     default_efficiencies,
     roofline_preset,
 )
+from kvsim.simulator.outputs import NAME_PATTERN, NAME_RULE  # run and experiment names are slugs
+from kvsim.simulator.outputs import check_name as check_name  # also imported from here
 from kvsim.simulator.workload import WorkloadConfig, numbers_are_not_booleans
+from kvsim.traces.fields import MAX_SPAN_S
 
 
 class ConfigError(ValueError):
@@ -62,44 +74,77 @@ class Strict(BaseModel):
     _no_bools = model_validator(mode="before")(numbers_are_not_booleans)
 
 
-NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-"""A safe folder name: letters, digits, '.', '_', '-', starting with a letter or digit (so
-never '.', '..' or hidden), no separators, at most 128 characters."""
-
-
-NAME_RULE = "letters, digits, '.', '_' and '-', starting with a letter or digit, at most 128 characters"
-
-
-def check_name(value: str, what: str) -> str:
-    """Return ``value`` if it is a safe folder name (run and experiment names become folders
-    under ``output_dir``: a slash or '..' would write, or replace, elsewhere); else ValueError."""
-    if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value):
-        raise ValueError(f"{what} {value!r} is not a plain folder name: use {NAME_RULE}")
-    return value
-
-
 MAX_CONTEXT_TOKENS = 16 * 2**20
 """Longest ``context_len_tokens`` accepted (16 Mi tokens): beyond any published model's window."""
+
+
+class MoEShapeConfig(Strict):
+    """The mixture-of-experts part of ``model.shape`` (Hugging Face config keys in brackets;
+    ``simulator.cost_model.moe``). Every expert's weights count in the memory budget."""
+
+    num_experts: int = Field(gt=0, le=4096)  # num_experts / num_local_experts / n_routed_experts
+    experts_per_token: int = Field(gt=0, le=4096)  # num_experts_per_tok
+    expert_intermediate_size: int = Field(gt=0, le=2**20)  # moe_intermediate_size
+    shared_expert_intermediate_size: int = Field(0, ge=0, le=2**20, description="all shared experts together; "
+                                                 "0 = none")
+    dense_layers: int = Field(0, ge=0, le=1024, description="first layers with a dense MLP of intermediate_size "
+                              "(first_k_dense_replace)")
+    expert_bytes_per_param: float | None = Field(None, gt=0, le=8, description="bytes of one expert weight when "
+                                                 "the experts are stored otherwise than dtype_bytes (MXFP4: 0.53125)")
+
+    @model_validator(mode="after")
+    def _k_of_e(self) -> MoEShapeConfig:
+        if self.experts_per_token > self.num_experts:
+            raise ValueError(f"experts_per_token ({self.experts_per_token}) is more than num_experts "
+                             f"({self.num_experts})")
+        return self
+
+    def spec(self) -> MoESpec:
+        return MoESpec(self.num_experts, self.experts_per_token, self.expert_intermediate_size,
+                       self.shared_expert_intermediate_size, self.dense_layers, self.expert_bytes_per_param)
 
 
 class ModelShapeConfig(Strict):
     """Any decoder-only transformer by its shape (its Hugging Face config's key in brackets)."""
 
-    num_layers: int = Field(gt=0)  # num_hidden_layers
-    hidden_size: int = Field(gt=0)
-    num_heads: int = Field(gt=0)  # num_attention_heads
-    num_kv_heads: int | None = Field(None, gt=0, description="num_key_value_heads; default num_heads")
-    head_dim: int | None = Field(None, gt=0, description="default hidden_size // num_heads")
-    intermediate_size: int = Field(gt=0)
-    vocab_size: int = Field(gt=0)
+    # Bounds: a few times the largest published model's (126 layers, hidden 25,600, 128 heads,
+    # FFN 73,728, vocabulary 262,144), so a typo of a few digits is an error, not a huge model.
+    num_layers: int = Field(gt=0, le=1024)  # num_hidden_layers
+    hidden_size: int = Field(gt=0, le=2**17)
+    num_heads: int = Field(gt=0, le=1024)  # num_attention_heads
+    num_kv_heads: int | None = Field(None, gt=0, le=1024, description="num_key_value_heads; default num_heads")
+    head_dim: int | None = Field(None, gt=0, le=4096, description="default hidden_size // num_heads")
+    intermediate_size: int = Field(gt=0, le=2**20)
+    vocab_size: int = Field(gt=0, le=2**24)
     context_len_tokens: int = Field(gt=0, le=MAX_CONTEXT_TOKENS)  # max_position_embeddings
     gated_ffn: bool = True  # SwiGLU (gate, up, down) vs a 2-matrix MLP
     dtype_bytes: int = Field(2, ge=1, le=8)
+    moe: MoEShapeConfig | None = None  # mixture of experts; None: a dense MLP in every layer
+
+    @model_validator(mode="after")
+    def _dense_layers_fit(self) -> ModelShapeConfig:
+        if self.moe is not None and self.moe.dense_layers >= self.num_layers:
+            raise ValueError(f"moe.dense_layers ({self.moe.dense_layers}) leaves no MoE layer of num_layers "
+                             f"({self.num_layers}): remove moe, or lower dense_layers")
+        return self
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> ModelShapeConfig:
+        """Attention splits the hidden size into heads, and query heads into groups per KV head."""
+        if self.head_dim is None and self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size ({self.hidden_size}) does not divide into num_heads ({self.num_heads}) "
+                             "heads: give head_dim, or a hidden_size that is a multiple of num_heads")
+        kv = self.num_kv_heads or self.num_heads
+        if self.num_heads % kv:
+            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({kv}): each KV head "
+                             "serves a whole group of query heads")
+        return self
 
     def spec(self, name: str) -> ModelSpec:
         return ModelSpec(name, self.num_layers, self.hidden_size, self.num_heads,
                          self.num_kv_heads or self.num_heads, self.intermediate_size, self.vocab_size,
-                         self.context_len_tokens, self.gated_ffn, self.dtype_bytes, self.head_dim)
+                         self.context_len_tokens, self.gated_ffn, self.dtype_bytes, self.head_dim,
+                         self.moe.spec() if self.moe is not None else None)
 
 
 class ModelConfig(Strict):
@@ -115,10 +160,23 @@ class ModelConfig(Strict):
     context_len_tokens: int | None = Field(None, gt=0, le=MAX_CONTEXT_TOKENS,
                                            description="tokens; default: the model's context window")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _shape_has_its_own_name(cls, data: Any) -> Any:
+        """A shape without a name is ``custom``, never the default catalogue model's name."""
+        if isinstance(data, dict) and data.get("shape") is not None and "name" not in data:
+            return {**data, "name": "custom"}
+        return data
+
     @field_validator("name")
     @classmethod
     def _known(cls, v: str, info: ValidationInfo) -> str:
-        if info.data.get("shape") is not None:
+        if "shape" not in info.data:  # the shape is wrong: its own error says why
+            return v
+        if info.data["shape"] is not None:
+            if isinstance(v, str) and v.lower() in MODELS:
+                raise ValueError(f"{v!r} is a catalogue model, but model.shape describes the model: give the shape "
+                                 "its own name (or remove shape to use the catalogue's)")
             return v
         if v.lower() not in MODELS:
             raise ValueError(f"unknown model {v!r}; choose one of {', '.join(MODELS)}, or describe it "
@@ -133,6 +191,38 @@ class ModelConfig(Strict):
     def context_len(self) -> int:
         """The context window in tokens: ``context_len_tokens``, else the model's own."""
         return self.context_len_tokens or self.spec.max_seq_len
+
+
+def _one_form(value: Any, form: type[BaseModel], what: str) -> Any:
+    """A key that is a name or a mapping: the mapping validated here, so that a mistake in it
+    is one message about the mapping (not one per form the key could take)."""
+    if not isinstance(value, dict):
+        return value
+    try:
+        return form.model_validate(value)
+    except ValidationError as e:
+        first = e.errors()[0]
+        key = ".".join(str(x) for x in first["loc"])
+        msg = "required key is missing" if first["type"] == "missing" else first["msg"]
+        if "input" in first and first["type"] != "missing" and not isinstance(first["input"], dict):
+            msg += f" (got {first['input']!r})"
+        raise ValueError(f"{key}: {msg}; the mapping form is {what}") from None
+
+
+class CollectiveConfig(Strict):
+    """A collective's numbers on a link: bus bandwidth as nccl-tests reports it (GB/s: 10^9
+    bytes per second) and the seconds each call pays (a small message's time)."""
+
+    bus_bandwidth_gb_s: float = Field(gt=0, le=100_000)
+    latency_s: float = Field(ge=0, le=1)
+
+
+class InterconnectConfig(CollectiveConfig):
+    """``hardware.interconnect`` given by its numbers: the all-reduce's, and optionally the
+    all-to-all's and send/recv's (default: the all-reduce's)."""
+
+    all_to_all: CollectiveConfig | None = None
+    send_recv: CollectiveConfig | None = None
 
 
 class HardwareConfig(Strict):
@@ -161,6 +251,16 @@ class HardwareConfig(Strict):
                                          "sizing the cache (vLLM: only with VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1)")
     swap_space_gib: float = Field(4.0, ge=0, le=4096, description="GiB of CPU swap space per GPU")
     pcie: Literal["gen4", "gen5"] | None = None
+    data_parallel: bool = Field(False, description="the num_replicas replicas are the data-parallel engines of one "
+                                "deployment (vLLM --data-parallel-size num_replicas): each its own scheduler and KV "
+                                "pool behind one front end (router default least_outstanding_tokens); a MoE model's "
+                                "expert layers span all of them (simulator.cost_model.moe)")
+    expert_parallel: bool = Field(False, description="split a MoE model's experts whole over the expert group "
+                                  "(vLLM --enable-expert-parallel), not each expert by tensor parallelism")
+    interconnect: str | InterconnectConfig | None = Field(
+        None, description="the link between a replica's GPUs for collectives: nvlink3/4/5, nvlink4-bridge, "
+        "pcie-gen4|gen5[-x16|-x8|-x4][-p2p], none, or {bus_bandwidth_gb_s, latency_s}; default: the GPU's "
+        "(simulator.cost_model.interconnect, measured NCCL figures)")
 
     @field_validator("gpu")
     @classmethod
@@ -169,9 +269,31 @@ class HardwareConfig(Strict):
             raise ValueError(f"unknown GPU {v!r}; choose one of {', '.join(GPUS)}")
         return v.lower()
 
+    @field_validator("interconnect", mode="before")
+    @classmethod
+    def _numbers(cls, v: Any) -> Any:
+        return _one_form(v, InterconnectConfig, "{bus_bandwidth_gb_s, latency_s} (optionally all_to_all, send_recv)")
+
+    @field_validator("interconnect")
+    @classmethod
+    def _known_link(cls, v: str | InterconnectConfig | None) -> str | InterconnectConfig | None:
+        if isinstance(v, str):
+            interconnect(v)  # a ValueError names what is allowed
+            return v.lower()
+        return v
+
     @property
     def spec(self) -> GPUSpec:
         return GPUS[self.gpu]
+
+    @property
+    def link(self) -> str | LinkSpec | None:
+        """The GPUs' link for the cost model: a name, a spec, or None (the GPU's own)."""
+        v = self.interconnect
+        if isinstance(v, InterconnectConfig):
+            return explicit_link(v.bus_bandwidth_gb_s, v.latency_s,
+                                 *((c.bus_bandwidth_gb_s, c.latency_s) if c else None for c in (v.all_to_all, v.send_recv)))
+        return v
 
     @model_validator(mode="before")
     @classmethod
@@ -182,7 +304,27 @@ class HardwareConfig(Strict):
         return data
 
     @model_validator(mode="after")
+    def _link_joins_the_gpus(self) -> HardwareConfig:
+        if self.tensor_parallel > 1:
+            name = self.interconnect if isinstance(self.interconnect, str) else self.spec.interconnect
+            if not name and self.interconnect is None:
+                raise ValueError(f"interconnect: the catalogue has no measured link for {self.gpu}, and "
+                                 f"tensor_parallel {self.tensor_parallel} needs one: set hardware.interconnect "
+                                 f"({INTERCONNECT_RULE})")
+            if not isinstance(self.interconnect, InterconnectConfig):
+                try:
+                    check_ranks(interconnect(name) if name else None, self.tensor_parallel, name or self.gpu)
+                except ValueError as e:
+                    where = "" if self.interconnect else f" (the default for {self.gpu})"
+                    raise ValueError(f"interconnect{where}: {e}") from None
+        return self
+
+    @model_validator(mode="after")
     def _kv_fits(self) -> HardwareConfig:
+        physical = self.spec.memory_bytes / GiB
+        if self.gpu_memory_gib is not None and self.gpu_memory_gib > physical:
+            raise ValueError(f"gpu_memory_gib: {self.gpu_memory_gib:g} GiB is more than one {self.gpu} holds "
+                             f"({physical:g} GiB; the driver reports a little less): lower it, or change hardware.gpu")
         if self.kv_cache_gib is not None:
             total = self.tensor_parallel * self.spec.memory_bytes / GiB
             if self.kv_cache_gib > total:
@@ -251,7 +393,8 @@ class TierLinkConfig(Strict):
     """A link given by its numbers: each transfer pays ``latency_s``, then bytes at
     ``bandwidth_gb_s`` (GB/s: 10^9 bytes per second, one direction)."""
 
-    bandwidth_gb_s: float = Field(gt=0, le=10_000)
+    bandwidth_gb_s: float = Field(ge=0.01, le=10_000, description="from 0.01 (10 MB/s: slower than any disk "
+                                  "or network a cache sits behind) to 10,000")
     latency_s: float = Field(0.0, ge=0, le=1)
 
 
@@ -267,6 +410,16 @@ class TierConfig(Strict):
     write_policy: Literal["write-through", "write-through-after-hits", "write-back"] = "write-through"
     write_after_hits: int | None = Field(None, ge=1, le=1_000_000, description="GPU hits (uses of the tier above) "
                                          "before a block is written; only with write-through-after-hits")
+
+    @field_validator("link", mode="before")
+    @classmethod
+    def _one_link(cls, v: Any) -> Any:
+        """A link's name or its numbers, checked here: one message, not one per form it could take."""
+        if isinstance(v, str) and v in TIER_LINKS:
+            return v
+        if isinstance(v, dict):
+            return _one_form(v, TierLinkConfig, "{bandwidth_gb_s, latency_s}")
+        raise ValueError(f"must be one of {', '.join(TIER_LINKS)} or {{bandwidth_gb_s, latency_s}}")
 
     @model_validator(mode="after")
     def _hits_with_their_policy(self) -> TierConfig:
@@ -377,13 +530,18 @@ SGLANG_ONLY_KEYS = ("schedule_policy", "chunked_prefill_size", "enable_mixed_chu
 """Scheduler keys only ``policy: sglang`` reads (see ``simulator.scheduler_sglang``)."""
 
 
+MAX_STEP_TOKENS = 2**30
+"""Most tokens (or sequences) a scheduler limit may allow in one step: far beyond any GPU's
+batch, and small enough that a step's token sums stay exact in 64 bits."""
+
+
 class _SchedulerLimits(Variant):
     """Limits every scheduler policy reads."""
 
     SECTION: ClassVar[str] = "scheduler"
     policy: str = "vllm-v0"  # each policy's class narrows it to its own name (first key when written out)
-    max_num_seqs: int = Field(256, ge=1)
-    max_num_batched_tokens: int | None = Field(None, ge=1, description="tokens per step; default: vllm-v0 "
+    max_num_seqs: int = Field(256, ge=1, le=MAX_STEP_TOKENS)
+    max_num_batched_tokens: int | None = Field(None, ge=1, le=MAX_STEP_TOKENS, description="tokens per step; default: vllm-v0 "
                                                "max(2048, context_len_tokens), vllm-v1 2048, sglang 16384")
     router: Literal["round_robin", "least_outstanding_tokens"] = "round_robin"
 
@@ -408,9 +566,9 @@ class VllmV1SchedulerConfig(_SchedulerLimits):
     recompute only (``simulator.scheduler_v1``)."""
 
     policy: Literal["vllm-v1"] = "vllm-v1"
-    long_prefill_token_threshold: int = Field(0, ge=0, description="most tokens a request computes per step; "
+    long_prefill_token_threshold: int = Field(0, ge=0, le=MAX_STEP_TOKENS, description="most tokens a request computes per step; "
                                               "0 = no cap")
-    max_num_partial_prefills: int | None = Field(None, ge=1, description="most requests left mid-prefill by a "
+    max_num_partial_prefills: int | None = Field(None, ge=1, le=MAX_STEP_TOKENS, description="most requests left mid-prefill by a "
                                                  "step; null = no limit")
     reserve_full_isl: bool = Field(True, description="admit only when blocks for the whole sequence are free "
                                    "(vLLM's scheduler_reserve_full_isl)")
@@ -428,10 +586,10 @@ class SGLangSchedulerConfig(_SchedulerLimits):
 
     policy: Literal["sglang"] = "sglang"
     schedule_policy: Literal["lpm", "dfs-weight", "fcfs"] = Field("lpm", description="waiting-queue order")
-    chunked_prefill_size: int | None = Field(8192, ge=1, description="most prompt tokens per step in chunks; "
+    chunked_prefill_size: int | None = Field(8192, ge=1, le=MAX_STEP_TOKENS, description="most prompt tokens per step in chunks; "
                                              "null = no chunking (SGLang's default depends on GPU memory)")
     enable_mixed_chunk: bool = Field(False, description="running requests decode in prefill steps")
-    schedule_conservativeness: float = Field(1.0, gt=0, description="scales the initial new_token_ratio")
+    schedule_conservativeness: float = Field(1.0, gt=0, le=100, description="scales the initial new_token_ratio")
     OWN_KEYS: ClassVar[tuple[str, ...]] = SGLANG_ONLY_KEYS
 
     @property
@@ -467,7 +625,7 @@ class DecodingConfig(Strict):
     """How parallel samples and beams behave (see ``simulator.decoding``)."""
 
     sample_lengths: Literal["same", "independent"] = "same"
-    beam_concentration: float = Field(1.0, ge=0, description="0 = parents chosen uniformly")
+    beam_concentration: float = Field(1.0, ge=0, le=1e6, description="0 = parents chosen uniformly")
 
 
 class EngineConfig(Strict):
@@ -479,10 +637,55 @@ class EngineConfig(Strict):
     macro_steps: bool = True
 
 
+class HostTimeConfig(Strict):
+    """The engine's work outside the kernels (``simulator.cost_model.host_time``): seconds per
+    step and per scheduled sequence, and the part of each that is sampling (dropped when an
+    operator profile times the sampler)."""
+
+    per_step_s: float = Field(ge=0, le=10)
+    per_seq_s: float = Field(0.0, ge=0, le=10)
+    sampling_per_step_s: float = Field(0.0, ge=0, le=10)
+    sampling_per_seq_s: float = Field(0.0, ge=0, le=10)
+
+    @model_validator(mode="after")
+    def _share(self) -> HostTimeConfig:
+        HostTime(self.per_step_s, self.per_seq_s, self.sampling_per_step_s, self.sampling_per_seq_s)
+        return self
+
+
+MAX_STEP_OVERHEAD_S = 1.0
+"""Longest fixed time per engine step (real engines: 1-30 ms of scheduling and launches)."""
+
+
 class _CostModelBase(Variant):
     SECTION: ClassVar[str] = "cost_model"
     kind: str = "roofline"  # each kind's class narrows it to its own name (first key when written out)
     swap_batched: bool = False  # a swap moves all its blocks in one transfer per layer (not one per block)
+    host: str | HostTimeConfig | None = Field(
+        None, description="host time per step: a preset (none, vllm-2023-a100) or {per_step_s, per_seq_s}; "
+        "default none (simulator.cost_model.host_time)")
+
+    @field_validator("host", mode="before")
+    @classmethod
+    def _host_numbers(cls, v: Any) -> Any:
+        return _one_form(v, HostTimeConfig, "{per_step_s, per_seq_s, sampling_per_step_s, sampling_per_seq_s}")
+
+    @field_validator("host")
+    @classmethod
+    def _known_host(cls, v: str | HostTimeConfig | None) -> str | HostTimeConfig | None:
+        if isinstance(v, str):
+            host_preset(v)  # a ValueError names the presets
+        return v
+
+    @property
+    def host_time(self) -> HostTime:
+        """The host time this section resolves to (none when unset)."""
+        v = self.host
+        if v is None:
+            return host_preset("none")
+        if isinstance(v, str):
+            return host_preset(v)
+        return HostTime(v.per_step_s, v.per_seq_s, v.sampling_per_step_s, v.sampling_per_seq_s)
 
 
 class RooflineCostConfig(_CostModelBase):
@@ -493,9 +696,10 @@ class RooflineCostConfig(_CostModelBase):
 
     kind: Literal["roofline"] = "roofline"
     efficiencies: str | None = None
-    compute_efficiency: float = Field(RooflineParams.compute_efficiency, gt=0, le=1)
-    memory_efficiency: float = Field(RooflineParams.memory_efficiency, gt=0, le=1)
-    step_overhead_s: float = Field(RooflineParams.step_overhead_s, ge=0)
+    # shares of the datasheet's peaks: below 1% no kernel is that slow (fits give 0.5-1)
+    compute_efficiency: float = Field(RooflineParams.compute_efficiency, ge=0.01, le=1)
+    memory_efficiency: float = Field(RooflineParams.memory_efficiency, ge=0.01, le=1)
+    step_overhead_s: float = Field(RooflineParams.step_overhead_s, ge=0, le=MAX_STEP_OVERHEAD_S)
 
     @model_validator(mode="before")
     @classmethod
@@ -523,7 +727,7 @@ class CalibratedCostConfig(_CostModelBase):
 
     kind: Literal["calibrated"] = "calibrated"
     profile: str | None = None
-    step_overhead_s: float = Field(RooflineParams.step_overhead_s, ge=0)
+    step_overhead_s: float = Field(RooflineParams.step_overhead_s, ge=0, le=MAX_STEP_OVERHEAD_S)
 
     @model_validator(mode="after")
     def _profile_given(self) -> CalibratedCostConfig:
@@ -539,7 +743,8 @@ class ProfiledCostConfig(_CostModelBase):
 
     kind: Literal["profiled"] = "profiled"
     profile: str | None = None
-    step_overhead_s: float | None = Field(None, ge=0, description="seconds per step; null = 0")
+    step_overhead_s: float | None = Field(None, ge=0, le=MAX_STEP_OVERHEAD_S, description="seconds per step; "
+                                          "null = 0")
 
     @model_validator(mode="after")
     def _profile_given(self) -> ProfiledCostConfig:
@@ -597,11 +802,11 @@ class MetricsConfig(Strict):
     ``window_end_s`` (seconds of simulated time) for an explicit interval.
     """
 
-    slo_ttft_ms: float | None = Field(None, gt=0)
-    slo_tpot_ms: float | None = Field(None, gt=0)
+    slo_ttft_ms: float | None = Field(None, gt=0, le=MAX_SPAN_S * 1000)
+    slo_tpot_ms: float | None = Field(None, gt=0, le=MAX_SPAN_S * 1000)
     window: Literal["busy", "saturated"] = "busy"
-    window_start_s: float | None = Field(None, ge=0)
-    window_end_s: float | None = Field(None, gt=0)
+    window_start_s: float | None = Field(None, ge=0, le=MAX_SPAN_S)
+    window_end_s: float | None = Field(None, gt=0, le=MAX_SPAN_S)
     step_table: bool = True  # write the per-step table (Parquet)
 
     @model_validator(mode="after")
@@ -638,6 +843,13 @@ class ExperimentConfig(Strict):
     def _slug(cls, v: str) -> str:
         if not NAME_PATTERN.fullmatch(v):
             raise ValueError(f"must be a plain folder name: {NAME_RULE}")
+        return v
+
+    @field_validator("output_dir")
+    @classmethod
+    def _a_folder(cls, v: str) -> str:
+        if not v.strip() or "\0" in v:
+            raise ValueError("must be a folder path, e.g. results")
         return v
 
     @model_validator(mode="before")
@@ -693,6 +905,43 @@ class ExperimentConfig(Strict):
 
     @model_validator(mode="before")
     @classmethod
+    def _data_parallel_router(cls, data: Any) -> Any:
+        """Data-parallel engines (``hardware.data_parallel``) sit behind vLLM's front end, which
+        sends each request to its least-loaded engine: an unset ``scheduler.router`` is
+        least_outstanding_tokens there (the resolved config says so)."""
+        if not isinstance(data, dict):
+            return data
+        hw, sched = data.get("hardware"), data.get("scheduler", {})
+        if not isinstance(hw, dict) or hw.get("data_parallel") is not True or not isinstance(sched, dict):
+            return data
+        if "router" not in sched:
+            data = {**data, "scheduler": {**sched, "router": "least_outstanding_tokens"}}
+        return data
+
+    @model_validator(mode="after")
+    def _check_moe(self) -> ExperimentConfig:
+        """Expert parallelism needs experts; the calibrated cost model times no MoE block."""
+        spec, hw = self.model.spec, self.hardware
+        if spec.moe is None and hw.expert_parallel:
+            raise ValueError(f"hardware.expert_parallel: model {self.model.name} has no experts (remove the key, or "
+                             "describe them in model.shape.moe)")
+        if spec.moe is not None and self.cost_model.kind == "calibrated":
+            raise ValueError(f"cost_model.kind 'calibrated' does not time mixture-of-experts layers (model "
+                             f"{self.model.name}): use roofline, or profiled with a profile that has moe tables")
+        group = self.expert_group
+        if spec.moe is not None and hw.expert_parallel and spec.moe.num_experts % group.size:
+            raise ValueError(f"hardware.expert_parallel: {spec.moe.num_experts} experts do not split evenly over "
+                             f"{group.size} GPUs (tensor_parallel x data-parallel replicas)")
+        if spec.moe is not None and group.data_parallel > 1 and not isinstance(hw.interconnect, InterconnectConfig):
+            name = hw.interconnect or hw.spec.interconnect
+            if not name or interconnect(name) is None:
+                raise ValueError(f"hardware.interconnect: {group.data_parallel} data-parallel engines of a MoE model "
+                                 f"exchange tokens in every MoE layer, and {name or hw.gpu + ' (no default)'!r} joins "
+                                 "no GPUs: set a link")
+        return self
+
+    @model_validator(mode="before")
+    @classmethod
     def _v1_defaults(cls, data: Any) -> Any:
         """Under ``scheduler.policy: vllm-v1`` an unset ``allocator.watermark`` is 0 and an
         unset ``preemption.mode`` is recompute (vLLM v1 has no watermark and never swaps),
@@ -728,6 +977,9 @@ class ExperimentConfig(Strict):
         if self.preemption.swap_fallback != "recompute":
             raise ValueError(f"preemption.swap_fallback {self.preemption.swap_fallback!r} is not allowed {why}: "
                              "vLLM v1 never swaps (remove the key)")
+        if self.preemption.overlap_swap:
+            raise ValueError(f"preemption.overlap_swap true is not allowed {why}: vLLM v1 never swaps, so there is "
+                             "no swap to overlap (remove the key)")
         for key in ("n", "beam_width"):
             value = getattr(self.workload, key)
             if value > 1:
@@ -773,6 +1025,9 @@ class ExperimentConfig(Strict):
         if p.mode != "recompute" or p.swap_fallback != "recompute":
             raise ValueError(f"preemption.mode {p.mode!r} / swap_fallback {p.swap_fallback!r} is not allowed {why}: "
                              "SGLang retracts requests and recomputes them (remove the keys)")
+        if p.overlap_swap:
+            raise ValueError(f"preemption.overlap_swap true is not allowed {why}: SGLang never swaps, so there is "
+                             "no swap to overlap (remove the key)")
         for key in ("n", "beam_width"):
             value = getattr(self.workload, key)
             if value > 1:
@@ -811,11 +1066,15 @@ class ExperimentConfig(Strict):
     @model_validator(mode="after")
     def _fits(self) -> ExperimentConfig:
         if self.kv_bytes <= 0:
-            need = self.model.spec.weight_bytes / self.hardware.tensor_parallel / GiB
+            b = self.memory_budget
             raise ValueError(
-                f"model {self.model.name} ({need:.1f} GiB of weights per GPU at tensor_parallel "
-                f"{self.hardware.tensor_parallel}) leaves no KV memory on {self.hardware.gpu}: "
-                "raise hardware.tensor_parallel or hardware.gpu_memory_utilization, or set hardware.kv_cache_gib"
+                f"model {self.model.name} leaves no KV memory on {self.hardware.gpu}: of its "
+                f"{b.requested_bytes / GiB:,.1f} GiB (hardware.gpu_memory_utilization), weights take "
+                f"{b.weight_bytes / GiB:,.1f} GiB per GPU at tensor_parallel {self.hardware.tensor_parallel} and the "
+                f"activation peak {b.peak_activation_bytes / GiB:,.1f} GiB (hardware.peak_activation_gib, else "
+                f"estimated from scheduler.max_num_batched_tokens {self.max_num_batched_tokens:,}): raise "
+                "hardware.tensor_parallel or hardware.gpu_memory_utilization, lower the token budget, or set "
+                "hardware.kv_cache_gib"
             )
         if self.kv_slots < self.allocator.block_size:
             raise ValueError(f"KV cache of {self.kv_slots} slots holds less than one block")
@@ -901,7 +1160,15 @@ class ExperimentConfig(Strict):
             max_num_batched_tokens=self.max_num_batched_tokens, max_num_seqs=self.scheduler.max_num_seqs,
             total_bytes=gib(hw.gpu_memory_gib), peak_activation_bytes=gib(hw.peak_activation_gib),
             non_torch_bytes=gib(hw.non_torch_memory_gib), cuda_graph_bytes=gib(hw.cuda_graph_memory_gib),
+            expert_group=self.expert_group,
         )
+
+    @property
+    def expert_group(self) -> ExpertGroup:
+        """How a MoE model's expert layers are spread (``simulator.cost_model.moe``): over this
+        replica's GPUs, or over every replica's when they are data-parallel engines."""
+        hw = self.hardware
+        return ExpertGroup(hw.tensor_parallel, hw.num_replicas if hw.data_parallel else 1, hw.expert_parallel)
 
     @property
     def kv_slots(self) -> int:
@@ -1015,7 +1282,7 @@ def apply_override(raw: dict, keys: list[str], value: Any) -> None:
     for i, k in enumerate(keys):
         key: str | int = k
         if isinstance(node, list):
-            if not (k.isdigit() and int(k) < len(node)):
+            if not (k.isascii() and k.isdigit() and int(k) < len(node)):
                 raise ConfigError(f"--set {'.'.join(keys)}: {keys[i - 1]} is a list of {len(node)} "
                                   f"items; {k} is not an index (0..{len(node) - 1})")
             key = int(k)
@@ -1036,6 +1303,12 @@ def _format_errors(err: ValidationError, source: str, lines: dict[tuple, int], o
         loc, model = _key_path(raw_loc)
         key = ".".join(str(x) for x in loc)  # empty: a check across sections names its keys itself
         msg = e["msg"].removeprefix("Value error, ")
+        word, sep, rest = msg.partition(": ")
+        if e["type"] == "value_error" and sep and word.isidentifier():  # a section's check about one key
+            longer, holder = _key_path((*raw_loc, word))
+            if holder is not None and word in holder.model_fields:
+                loc, msg = longer, rest
+                key = ".".join(str(x) for x in loc)
         if e["type"] == "extra_forbidden":
             msg = _unknown_key(loc, model)
         elif e["type"] == "union_tag_invalid" and len(loc) == 1 and loc[0] in VARIANTS:
@@ -1059,13 +1332,16 @@ def _short(value: Any, limit: int = 60) -> str:
 
 
 def _where(loc: tuple, source: str, lines: dict[tuple, int], overridden: set[tuple]) -> str:
-    """``--set``, ``file:line`` of the innermost key of ``loc`` that has one, or ``file``."""
+    """``--set``, ``file:line`` of the innermost key of ``loc`` that has one, or ``file``; a
+    check of a whole section names the ``--set`` keys inside it too (the file alone may be fine)."""
+    under = sorted(".".join(map(str, k)) for k in overridden if k[:len(loc)] == loc)
+    also = f" (with --set {', '.join(under)})" if under else ""
+    if any(loc[:n] in overridden for n in range(len(loc), 0, -1)):
+        return "--set"  # (the file's lines below an overridden key are no longer what is checked)
     for n in range(len(loc), 0, -1):
-        if loc[:n] in overridden:
-            return "--set"
         if loc[:n] in lines:
-            return f"{source}:{lines[loc[:n]]}"
-    return source
+            return f"{source}:{lines[loc[:n]]}{also}"
+    return source + also
 
 
 def _key_path(loc: tuple) -> tuple[tuple, type[BaseModel] | None]:
@@ -1084,12 +1360,36 @@ def _key_path(loc: tuple) -> tuple[tuple, type[BaseModel] | None]:
             model = VARIANTS[k][1].get(tag) if isinstance(tag, str) else None
             i += 2 if model is not None else 1
             continue
+        if isinstance(k, int):  # an item of a list: its model holds the keys below
+            i += 1
+            continue
         field = model.model_fields.get(str(k)) if model is not None else None
-        ann = getattr(field, "annotation", None)
-        models = [a for a in (ann, *get_args(ann)) if isinstance(a, type) and issubclass(a, BaseModel)]
+        models = _models_in(getattr(field, "annotation", None))
+        member = _union_member(models, loc[i + 1]) if len(models) > 1 and i + 1 < len(loc) else None
+        if member is not None:  # pydantic's tag of a union's member (workload.arrivals' kind): not a key
+            model = member
+            i += 2
+            continue
         model = models[0] if models else None  # a section, or an optional one (model.shape)
         i += 1
     return tuple(path), holder
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The models a field's type holds: itself, an optional one, a list's items, a union's members."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for a in get_args(annotation) for m in _models_in(a)]
+
+
+def _union_member(models: list[type[BaseModel]], tag: Any) -> type[BaseModel] | None:
+    """The member of a union of models that pydantic's location element ``tag`` names (its class
+    name, or its discriminator's value, e.g. ``poisson``), or None if ``tag`` is a user's key."""
+    for m in models:
+        if tag == m.__name__ or any(get_origin(f.annotation) is Literal and get_args(f.annotation) == (tag,)
+                                    for f in m.model_fields.values()):
+            return m
+    return None
 
 
 def _unknown_key(loc: tuple, holder: type[BaseModel] | None) -> str:
@@ -1141,10 +1441,36 @@ def parse_yaml(text: str, where: str, error: type[Exception] = ConfigError) -> t
         raise error(f"{at}: not valid YAML ({' '.join(str(problem).split())})") from None
     except RecursionError:
         raise error(f"{where}: nested too deeply") from None
+    except ValueError as e:  # a scalar PyYAML's constructors cannot convert
+        line, digits = _longest_number(node)
+        if digits > sys.get_int_max_str_digits():
+            raise error(f"{where}:{line}: a number of {digits} digits; at most {sys.get_int_max_str_digits()} "
+                        "are read (no key takes one this large)") from None
+        raise error(f"{where}: not valid YAML ({' '.join(str(e).split())})") from None
     finally:
         if loader is not None:
             loader.dispose()
     return raw, (line_map(node) if node else {})
+
+
+def _longest_number(node: yaml.Node) -> tuple[int, int]:
+    """(1-based line, digits) of the scalar with the most digits in a document (each value once)."""
+    best = (0, 0)
+    stack, seen = [node], set()
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if isinstance(n, yaml.ScalarNode):
+            digits = sum(c.isdigit() for c in n.value)
+            if digits > best[1]:
+                best = (n.start_mark.line + 1, digits)
+        elif isinstance(n, yaml.MappingNode):
+            stack.extend(v for kv in n.value for v in kv)
+        elif isinstance(n, yaml.SequenceNode):
+            stack.extend(n.value)
+    return best
 
 
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> tuple[ExperimentConfig, Path]:
@@ -1165,7 +1491,7 @@ def validate_config(raw: dict, source: str = "<config>", lines: dict | None = No
     for text in overrides:
         keys, value = parse_override(text)
         apply_override(raw, keys, value)
-        overridden.add(tuple(int(k) if k.isdigit() else k for k in keys))  # list items by index
+        overridden.add(tuple(int(k) if k.isascii() and k.isdigit() else k for k in keys))  # list items by index
     found = renamed_key(raw)
     if found:
         old, new = found

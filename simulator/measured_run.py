@@ -13,6 +13,13 @@ The layout is LLMServingSim's vLLM benchmark output (e.g. ``gpu_validation/runs/
 ``meta.json``, ``requests.jsonl`` and ``timeseries.csv`` may sit in the folder itself or in its
 ``vllm/`` subfolder. Anything missing or malformed is a :class:`ValidateError`: one line naming
 the file (and line) and what is wrong. ``kvsim validate`` (:mod:`simulator.validate`) replays it.
+
+meta.json may record only some settings (the ``hardware``, ``kv_cache`` and ``resolved_config``
+sections are optional): :func:`engine_settings` takes each from meta.json, else from a
+command-line flag, else from vLLM's own default (:data:`VLLM_DEFAULTS`), and says which
+(``EngineSettings.sources``); the few a replay cannot assume (:data:`REQUIRED`, and the GPU)
+are left ``None`` for ``simulator.validate`` to find in the operator profile or name, all
+together, in one error.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from kvsim.simulator.config import check_name
-from kvsim.simulator.cost_model.catalogue import GPUS, MODELS
+from kvsim.simulator.cost_model.moe import hf_moe_shape
 
 
 class ValidateError(Exception):
@@ -128,11 +135,23 @@ def _read_requests(path: Path) -> pd.DataFrame:
                 raise ValidateError(f"{path}:{line_no}: timestamps out of order (queued_ts <= first_token_ts <= "
                                     "last_token_ts expected)")
             row["line"] = line_no
+            row["request_id"] = str(obj.get("request_id", ""))
             rows.append(row)
     if not rows:
         raise ValidateError(f"{path}: no requests")
     df = pd.DataFrame(rows)
-    return df.sort_values("queued_ts", kind="stable").reset_index(drop=True)
+    return df.iloc[np.lexsort((df["queued_ts"].to_numpy(), request_order(df["request_id"])))].reset_index(drop=True)
+
+
+def request_order(ids: pd.Series) -> np.ndarray:
+    """The order the benchmark sent the requests in, when their ids say it: every id ends in
+    a number (``bench-17``) and no two share it. Otherwise zeros, and the engine's queueing
+    order (``queued_ts``) decides; with several engines (data parallel) near-simultaneous
+    arrivals can be queued out of order there, which ``simulator.validate`` tolerates."""
+    numbers = ids.str.extract(r"(\d+)$", expand=False)
+    if numbers.isna().any() or numbers.duplicated().any():
+        return np.zeros(len(ids), np.int64)
+    return numbers.astype(np.int64).to_numpy()
 
 
 def _read_timeseries(path: Path) -> pd.DataFrame:
@@ -148,7 +167,9 @@ def _read_timeseries(path: Path) -> pd.DataFrame:
         values = pd.to_numeric(df[c], errors="coerce")
         bad = np.flatnonzero(~np.isfinite(values.to_numpy(float)))
         if len(bad):
-            raise ValidateError(f"{path}:{bad[0] + 2}: column {c!r} is not a number: {df[c].iloc[bad[0]]!r}")
+            cell = df[c].iloc[int(bad[0])]
+            cell = cell.item() if isinstance(cell, np.generic) else cell  # 'inf', not np.float64(inf)
+            raise ValidateError(f"{path}:{int(bad[0]) + 2}: column {c!r} is not a number: {cell!r}")
         df[c] = values
     if not len(df):
         raise ValidateError(f"{path}: no rows")
@@ -179,14 +200,17 @@ def _find_workload(path: Path, data_dir: Path, meta: dict, meta_path: Path, give
 
 @dataclass(frozen=True)
 class EngineSettings:
-    """What the measured engine ran with (read from meta.json; ``None``: not recorded)."""
+    """What the measured engine ran with: read from meta.json, else given on the command line,
+    else a documented default (``None``: not known yet; :func:`missing_settings` names the
+    ones a replay cannot do without). ``sources`` says where each value that meta.json does
+    not record came from."""
 
     model: str
-    gpu_name: str
-    block_size: int
+    gpu_name: str | None
+    block_size: int | None
     num_gpu_blocks: int | None
-    max_num_batched_tokens: int
-    max_num_seqs: int
+    max_num_batched_tokens: int | None
+    max_num_seqs: int | None
     max_model_len: int | None
     prefix_caching: bool
     chunked_prefill: bool
@@ -197,6 +221,42 @@ class EngineSettings:
     dtype: str
     gpu_memory_utilization: float
     model_shape: dict | None  # the model's shape from the resolved config, when it records one
+    data_parallel: int = 1  # engines behind vLLM's front end, each with its own KV pool
+    expert_parallel: bool = False  # a MoE model's experts split whole over the engines' GPUs
+    sources: dict[str, str] = field(default_factory=dict, compare=False)  # setting -> where from (not meta.json)
+
+
+SETTING_KEYS = {  # EngineSettings field -> its name in meta.json (for messages)
+    "gpu_name": "hardware.device_name", "block_size": "kv_cache.block_size",
+    "num_gpu_blocks": "kv_cache.num_gpu_blocks", "max_num_batched_tokens": "max_num_batched_tokens",
+    "max_num_seqs": "max_num_seqs", "max_model_len": "max_model_len", "prefix_caching": "enable_prefix_caching",
+    "long_prefill_token_threshold": "scheduler_config.long_prefill_token_threshold",
+    "reserve_full_isl": "scheduler_config.scheduler_reserve_full_isl", "tensor_parallel": "tensor_parallel_size",
+    "data_parallel": "data_parallel_size", "expert_parallel": "enable_expert_parallel", "dtype": "dtype", "gpu_memory_utilization": "gpu_memory_utilization",
+}
+
+FLAGS = {  # EngineSettings field -> the ``kvsim validate`` option that gives it
+    "gpu_name": "--gpu", "block_size": "--block-size", "num_gpu_blocks": "--num-gpu-blocks",
+    "max_num_batched_tokens": "--max-num-batched-tokens", "max_num_seqs": "--max-num-seqs",
+    "max_model_len": "--max-model-len", "prefix_caching": "--prefix-caching", "tensor_parallel": "--tensor-parallel",
+    "data_parallel": "--data-parallel", "expert_parallel": "--expert-parallel",
+}
+
+REQUIRED = ("block_size", "max_num_batched_tokens", "max_num_seqs")
+"""Settings a replay cannot assume (besides the GPU, which ``simulator.validate`` resolves to a
+catalogue entry): without them, from meta.json, the profile or a flag, it refuses."""
+
+VLLM_DEFAULTS: dict[str, tuple[Any, str]] = {
+    "prefix_caching": (True, "vLLM's default (the V1 engine caches prefixes unless told not to)"),
+    "long_prefill_token_threshold": (0, "vLLM's default (no cap on a request's tokens per step)"),
+    "reserve_full_isl": (True, "vLLM 0.19's default (scheduler_reserve_full_isl)"),
+    "tensor_parallel": (1, "vLLM's default (tensor_parallel_size 1)"),
+    "data_parallel": (1, "vLLM's default (data_parallel_size 1)"),
+    "expert_parallel": (False, "vLLM's default (enable_expert_parallel false)"),
+    "dtype": ("auto", "vLLM's default (the model's own dtype)"),
+    "gpu_memory_utilization": (0.9, "vLLM's default"),
+}
+"""Settings a run folder may leave out: vLLM's own default is what the engine ran with."""
 
 
 def _section(meta: dict, *keys: str) -> dict:
@@ -206,8 +266,8 @@ def _section(meta: dict, *keys: str) -> dict:
     return node if isinstance(node, dict) else {}
 
 
-def _pick(where: str, key: str, *values: Any, kind: type = int, required: bool = True) -> Any:
-    """The first recorded value (not None) of a setting, checked for type."""
+def _pick(where: str, key: str, *values: Any, kind: type = int) -> Any:
+    """The first recorded value (not None) of a setting, checked for type (None: none recorded)."""
     for v in values:
         if v is None:
             continue
@@ -222,8 +282,6 @@ def _pick(where: str, key: str, *values: Any, kind: type = int, required: bool =
         if kind is str and not isinstance(v, str):
             raise ValidateError(f"{where}: {key}: expected a string, got {v!r}")
         return v
-    if required:
-        raise ValidateError(f"{where}: {key}: not recorded (needed to replay the run)")
     return None
 
 
@@ -234,9 +292,11 @@ HF_SHAPE_KEYS = {  # ModelShapeConfig key -> Hugging Face config key
 }
 
 
-def engine_settings(meta: dict, where: str = "meta.json") -> EngineSettings:
-    """The settings a replay needs, from meta.json's top level, ``kv_cache``, ``engine_kwargs``
-    and ``resolved_config`` (vLLM's resolved config wins where both record a value)."""
+def engine_settings(meta: dict, where: str = "meta.json", given: dict[str, Any] | None = None) -> EngineSettings:
+    """The settings a replay needs, from ``given`` (command-line flags: EngineSettings field ->
+    value, they win), meta.json's top level, ``kv_cache``, ``engine_kwargs``, ``hardware`` and
+    ``resolved_config`` (vLLM's resolved config wins where both record a value), then
+    :data:`VLLM_DEFAULTS`. A setting none of them has is None (see :func:`missing_settings`)."""
     rc = _section(meta, "resolved_config")
     cache, sched = _section(rc, "cache_config"), _section(rc, "scheduler_config")
     par, mc = _section(rc, "parallel_config"), _section(rc, "model_config")
@@ -249,61 +309,59 @@ def engine_settings(meta: dict, where: str = "meta.json") -> EngineSettings:
             shape = {k: hf[v] for k, v in HF_SHAPE_KEYS.items() if hf.get(v) is not None}
             act = str(hf.get("hidden_act", "silu")).lower()
             shape["gated_ffn"] = act in ("silu", "swiglu", "gelu_pytorch_tanh") or "gate" in act
+            try:
+                moe = hf_moe_shape(hf)
+            except ValueError as e:
+                raise ValidateError(f"{where}: resolved_config.model_config.{key}: {e}") from None
+            if moe is not None:
+                shape["moe"] = moe
             break
-    threshold = _pick(where, "scheduler_config.long_prefill_token_threshold",
-                      sched.get("long_prefill_token_threshold"), required=False)
-    partial = _pick(where, "scheduler_config.max_num_partial_prefills", sched.get("max_num_partial_prefills"),
-                    required=False)
+    given = {k: v for k, v in (given or {}).items() if v is not None}
+    sources: dict[str, str] = {}
+
+    def pick(name: str, *values: Any, kind: type = int) -> Any:
+        if name in given:
+            sources[name] = FLAGS.get(name, name)
+            return given[name]
+        v = _pick(where, SETTING_KEYS.get(name, name), *values, kind=kind)
+        if v is None and name in VLLM_DEFAULTS:
+            v, sources[name] = VLLM_DEFAULTS[name]
+        return v
+
+    model = _pick(where, "model", meta.get("model"), mc.get("model"), kw.get("model"), kind=str)
+    if model is None:
+        raise ValidateError(f"{where}: model: not recorded (needed to replay the run)")
+    partial = _pick(where, "scheduler_config.max_num_partial_prefills", sched.get("max_num_partial_prefills"))
     return EngineSettings(
-        model=_pick(where, "model", meta.get("model"), mc.get("model"), kw.get("model"), kind=str),
-        gpu_name=_pick(where, "hardware.device_name", hw.get("device_name"), kind=str),
-        block_size=_pick(where, "kv_cache.block_size", cache.get("block_size"), kv.get("block_size")),
-        num_gpu_blocks=_pick(where, "kv_cache.num_gpu_blocks", kv.get("num_gpu_blocks"), cache.get("num_gpu_blocks"),
-                             required=False),
-        max_num_batched_tokens=_pick(where, "max_num_batched_tokens", sched.get("max_num_batched_tokens"),
-                                     kw.get("max_num_batched_tokens")),
-        max_num_seqs=_pick(where, "max_num_seqs", sched.get("max_num_seqs"), kw.get("max_num_seqs")),
-        max_model_len=_pick(where, "max_model_len", mc.get("max_model_len"), kw.get("max_model_len"),
-                            required=False),
-        prefix_caching=_pick(where, "enable_prefix_caching", cache.get("enable_prefix_caching"),
-                             kv.get("enable_prefix_caching"), kind=bool),
-        chunked_prefill=_pick(where, "scheduler_config.enable_chunked_prefill",
-                              sched.get("enable_chunked_prefill"), kind=bool, required=False) or False,
-        long_prefill_token_threshold=threshold or 0,
+        model=model,
+        gpu_name=pick("gpu_name", hw.get("device_name"), kind=str),
+        block_size=pick("block_size", cache.get("block_size"), kv.get("block_size"), kw.get("block_size")),
+        num_gpu_blocks=pick("num_gpu_blocks", kv.get("num_gpu_blocks"), cache.get("num_gpu_blocks"),
+                            kw.get("num_gpu_blocks_override")),
+        max_num_batched_tokens=pick("max_num_batched_tokens", sched.get("max_num_batched_tokens"),
+                                    kw.get("max_num_batched_tokens")),
+        max_num_seqs=pick("max_num_seqs", sched.get("max_num_seqs"), kw.get("max_num_seqs")),
+        max_model_len=pick("max_model_len", mc.get("max_model_len"), kw.get("max_model_len")),
+        prefix_caching=pick("prefix_caching", cache.get("enable_prefix_caching"), kv.get("enable_prefix_caching"),
+                            kw.get("enable_prefix_caching"), kind=bool),
+        chunked_prefill=_pick(where, "scheduler_config.enable_chunked_prefill", sched.get("enable_chunked_prefill"),
+                              kw.get("enable_chunked_prefill"), kind=bool) or False,
+        long_prefill_token_threshold=pick("long_prefill_token_threshold", sched.get("long_prefill_token_threshold"),
+                                          kw.get("long_prefill_token_threshold")),
         max_num_partial_prefills=partial,
-        reserve_full_isl=_pick(where, "scheduler_config.scheduler_reserve_full_isl",
-                               sched.get("scheduler_reserve_full_isl"), kind=bool, required=False) is not False,
-        tensor_parallel=_pick(where, "tensor_parallel_size", par.get("tensor_parallel_size"),
-                              kw.get("tensor_parallel_size"), required=False) or 1,
-        dtype=str(_pick(where, "dtype", mc.get("dtype"), kw.get("dtype"), kind=str, required=False) or "auto"),
-        gpu_memory_utilization=_pick(where, "gpu_memory_utilization", cache.get("gpu_memory_utilization"),
-                                     kv.get("gpu_memory_utilization"), kind=float, required=False) or 0.9,
+        reserve_full_isl=pick("reserve_full_isl", sched.get("scheduler_reserve_full_isl"), kind=bool),
+        tensor_parallel=pick("tensor_parallel", par.get("tensor_parallel_size"), kw.get("tensor_parallel_size")) or 1,
+        dtype=str(pick("dtype", mc.get("dtype"), kw.get("dtype"), kind=str)),
+        gpu_memory_utilization=pick("gpu_memory_utilization", cache.get("gpu_memory_utilization"),
+                                    kv.get("gpu_memory_utilization"), kw.get("gpu_memory_utilization"), kind=float),
         model_shape=shape,
+        data_parallel=pick("data_parallel", par.get("data_parallel_size"), kw.get("data_parallel_size")) or 1,
+        expert_parallel=bool(pick("expert_parallel", par.get("enable_expert_parallel"),
+                                  kw.get("enable_expert_parallel"), kind=bool)),
+        sources=sources,
     )
 
 
-def _norm(text: str) -> str:
-    return re.sub(r"[^a-z0-9.]", "", text.lower())
-
-
-def _words(text: str) -> set[str]:
-    return set(re.findall(r"[a-z0-9]+", text.lower()))
-
-
-def gpu_key(device_name: str) -> str | None:
-    """The catalogue GPU a device name is (``NVIDIA GeForce RTX 4090`` -> ``rtx4090``,
-    ``NVIDIA A100-SXM4-80GB`` -> ``a100-80gb``): the entry whose key or name is in the device
-    name, written together or as words; the most specific (longest) one wins."""
-    dev, words = _norm(device_name), _words(device_name)
-    found = [(len(_norm(n)), k) for k, spec in GPUS.items() for n in (k, spec.name)
-             if _norm(n) in dev or _words(n) <= words]
-    return max(found)[1] if found else None
-
-
-def model_key(model: str) -> str | None:
-    """The catalogue model a Hugging Face name is (``meta-llama/Llama-3.1-8B`` -> ``llama-3.1-8b``;
-    ``-hf``, ``-chat`` and ``-instruct`` variants have their base model's shape)."""
-    base = model.rstrip("/").split("/")[-1].lower()
-    for suffix in ("-hf", "-chat", "-instruct"):
-        base = base.removesuffix(suffix)
-    return base if base in MODELS else None
+def missing_settings(s: EngineSettings) -> list[str]:
+    """The settings a replay needs that are still unknown, each with the option that gives it."""
+    return [f"{SETTING_KEYS[k]} (give {FLAGS[k]} N)" for k in REQUIRED if getattr(s, k) is None]

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from array import array
 from struct import pack
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:  # (imported where a frame is built: a run starts without pandas)
+    import pandas as pd
 
 from kvsim.simulator.latency_histogram import LatencyHistogram
 from kvsim.simulator.memory_classes import CLASSES
@@ -81,6 +84,8 @@ class RequestLog:
         return self._rows
 
     def frame(self) -> pd.DataFrame:
+        import pandas as pd
+
         self._flush()
         df = pd.DataFrame({c: (np.frombuffer(v, dtype=np.float64 if v.typecode == "d" else np.int64).copy()
                                if isinstance(v, array) and len(v) else (list(v) if not isinstance(v, array)
@@ -179,4 +184,8 @@ def summarize(
     out["memory_saving_perc"] = (1 - totals.allocated_slot_s / unshared) * 100 if unshared > 0 else 0.0
     reasons = requests.loc[status == Status.ABORTED.value, "reason"].value_counts()
     out["abort_reasons"] = {str(k): int(v) for k, v in reasons.items()}
+    # A rejected request never ran: it is counted here with its reason, never in ``completed``,
+    # a throughput or a latency (its finish_s is when it was turned away, not a last token).
+    reasons = requests.loc[status == Status.REJECTED.value, "reason"].value_counts()
+    out["reject_reasons"] = {str(k): int(v) for k, v in reasons.items()}
     return out

@@ -19,7 +19,9 @@ chosen by which parameters vary among the successful runs:
 
 A **run folder** (``summary.json`` + ``steps.parquet``): ``memory_timeline``.
 
-Each figure is written as PNG and SVG. A *system* is a run's ``label`` (when the sweep
+The figures folder (``RESULTS/plots`` or ``--out``) is a kvsim folder (:mod:`simulator.outputs`):
+made with kvsim's marker, or refused if it is a folder of the user's; figures are replaced
+whole. Each figure is written as PNG and SVG. A *system* is a run's ``label`` (when the sweep
 has one) plus whatever else varies and is not the figure's x-axis.
 """
 
@@ -31,11 +33,15 @@ import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
 import yaml
 
+from kvsim.simulator.outputs import claim_folder
 from kvsim.simulator.rate_search import DEFAULT_MAX_NORMALIZED_LATENCY, SustainabilityCriterion
+
+if TYPE_CHECKING:  # (imported where a table is read: the CLI's parser is built without pandas)
+    import pandas as pd
 
 FORMATS = ("png", "svg")
 BLOCK_KEY = "allocator.block_size"
@@ -54,6 +60,8 @@ class PlotError(ValueError):
 
 def load_results(sweep_dir: Path) -> tuple[pd.DataFrame, dict, pd.DataFrame | None]:
     """(sweep table, sweep.json metadata or {}, rates table or None)."""
+    import pandas as pd
+
     sweep_dir = Path(sweep_dir)
     table = pd.read_parquet(sweep_dir / "sweep.parquet")
     meta_path = sweep_dir / "sweep.json"
@@ -97,6 +105,8 @@ def group_labels(
 ) -> pd.Series:
     """A system name per row: its ``system`` label (when the sweep names systems) and the
     values of ``keys``."""
+    import pandas as pd
+
     labels = []
     for _, row in df.iterrows():
         parts = [str(row["system"])] if use_system else []
@@ -151,11 +161,14 @@ def _unique(labels: list[str]) -> list[str]:
 
 def plot_sweep(sweep_dir: Path, out_dir: Path | None = None) -> list[Path]:
     """Draw every figure that applies to a sweep folder; return the files written."""
+    import pandas as pd
+
     from kvsim.simulator import plots
 
     sweep_dir = Path(sweep_dir)
     out_dir = Path(out_dir) if out_dir else sweep_dir / "plots"
     table, meta, rates = load_results(sweep_dir)
+    claim_folder(out_dir)  # kvsim's, or refused (simulator.outputs)
     name = meta.get("name") or sweep_dir.name
     ok = table[table["status"] == "ok"].copy()
     if ok.empty:
@@ -332,6 +345,8 @@ def _bar_rows(
     ok: pd.DataFrame, rate_col: str | None, sustainable: dict
 ) -> tuple[pd.DataFrame, str]:
     """The runs to compare in bar charts, and the words saying at which rate."""
+    import pandas as pd
+
     if not rate_col:
         return ok, ""
     groups = list(ok.groupby("_group", sort=False))
@@ -355,6 +370,8 @@ def _bar_rows(
 
 def plot_run(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
     """The memory timeline of one run folder."""
+    import pandas as pd
+
     from kvsim.simulator import plots
 
     run_dir = Path(run_dir)
@@ -366,6 +383,7 @@ def plot_run(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
             "nothing to draw a timeline from"
         )
     summary = json.loads((run_dir / "summary.json").read_text())
+    claim_folder(out_dir)  # kvsim's, or refused (simulator.outputs)
     cfg_path = run_dir / "config.yaml"
     name = (
         (yaml.safe_load(cfg_path.read_text()) or {}).get("name", "") if cfg_path.is_file() else ""

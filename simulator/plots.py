@@ -22,6 +22,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from kvsim.simulator.memory_classes import CLASSES  # noqa: E402
+from kvsim.simulator.outputs import atomic_write  # noqa: E402
 
 CLASS_LABELS = {
     "token_states": "token states",
@@ -84,12 +85,14 @@ def _system_line(ax, x, y, i: int, name: str) -> None:
 def _save(fig, path: Path, formats: Sequence[str] | None = None) -> Path:
     """Write ``path``, or with ``formats`` one file per format next to it (the suffix
     replaced); return ``path``'s own file (the first one written if its suffix is not in
-    ``formats``)."""
+    ``formats``). Each file is drawn under a temporary name and renamed into place: a figure
+    is whole or the old one; the caller has claimed the folder (:mod:`simulator.outputs`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     targets = _paths(path, formats) if formats else [path]
     for target in targets:
-        fig.savefig(target, dpi=130, bbox_inches="tight")
+        with atomic_write(target) as tmp:
+            fig.savefig(tmp, dpi=130, bbox_inches="tight")
     plt.close(fig)
     return path if path in targets else targets[0]
 

@@ -38,6 +38,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from kvsim.simulator.config import load_config  # noqa: E402
+from kvsim.simulator.outputs import atomic_write, claim_folder  # noqa: E402
 from kvsim.simulator.runner import run_experiment  # noqa: E402
 from kvsim.simulator.shipped_configs import CONFIG_DIR as SHIPPED
 
@@ -142,7 +143,8 @@ def plot_comparison(df: pd.DataFrame, path: Path) -> Path:
     axes[0].legend(fontsize=8)
     fig.suptitle("vLLM v1 block cache vs SGLang radix cache (Llama-3-8B, H100)")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=130, bbox_inches="tight")
+    with atomic_write(path) as tmp:
+        fig.savefig(tmp, dpi=130, bbox_inches="tight")
     plt.close(fig)
     return path
 
@@ -152,10 +154,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=Path("results/sglang_vs_vllm"))
     parser.add_argument("--tiny", action="store_true", help=f"first {TINY_REQUESTS} requests per workload")
     args = parser.parse_args(argv)
+    claim_folder(args.out)  # kvsim's, or refused before anything runs (simulator.outputs)
     df = run_comparison(tiny=args.tiny)
-    args.out.mkdir(parents=True, exist_ok=True)
-    df.to_csv(args.out / "table.csv", index=False)
-    (args.out / "table.md").write_text(markdown_table(df) + "\n")
+    with atomic_write(args.out / "table.csv") as tmp:
+        df.to_csv(tmp, index=False)
+    with atomic_write(args.out / "table.md") as tmp:
+        tmp.write_text(markdown_table(df) + "\n")
     print(markdown_table(df))
     print(f"plot: {plot_comparison(df, args.out / 'sglang_vs_vllm.png')}")
 

@@ -333,9 +333,9 @@ class ReferenceReplica:
             verdict = alloc.can_admit(g.prompt_len, finals, rules.watermark_slots, g.prefix)
             if verdict == NEVER:
                 self.waiting.popleft()
-                self.end(
-                    g, "rejected", f"needs more KV slots than the whole cache ({alloc.capacity})"
-                )
+                why = getattr(alloc, "never_reason", None)  # (a contiguous region too small)
+                self.end(g, "rejected", (why and why(g.prompt_len, finals))
+                         or f"needs more KV slots than the whole cache ({alloc.capacity})")
                 continue
             if self.tiers is not None:
                 loading = self.load_head(g)
@@ -1221,6 +1221,9 @@ def roofline_cost(cfg: ExperimentConfig) -> CostModel:
         "paged" if paged else "contiguous",
         params,
         hw.pcie,
+        hw.link,
+        c.host_time,
+        cfg.expert_group,
     )
 
 

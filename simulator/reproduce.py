@@ -23,6 +23,9 @@ How the report judges, so that it never says more than it measured:
 ``--quick`` shrinks the workloads (fewer requests, coarser rate searches, OPT-13B only)
 to finish in minutes on two cores; the full run uses the configs as written. Nothing is
 tuned to match the paper: a disagreement is reported, not fitted away.
+
+``--out`` is a kvsim folder (:mod:`simulator.outputs`): made with kvsim's marker, or refused
+before anything runs if it is a folder of the user's; a re-run replaces its report and figures.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ import pandas as pd
 from kvsim.simulator.config import load_config
 from kvsim.simulator.cost_model.base import BatchShape, causal_attention_pairs
 from kvsim.simulator.cost_model.roofline import RooflineCostModel
+from kvsim.simulator.outputs import atomic_write, claim_folder
 from kvsim.simulator.plots import (
     plot_batched_requests,
     plot_block_size_sweep,
@@ -51,7 +55,14 @@ from kvsim.simulator.plots import (
     plot_swap_vs_recompute,
 )
 from kvsim.simulator.shipped_configs import CONFIG_DIR as SHIPPED
-from kvsim.simulator.sweep import SweepResult, SweepSpec, load_sweep, run_sweep
+from kvsim.simulator.sweep import (
+    SweepResult,
+    SweepSpec,
+    expand_points,
+    load_sweep,
+    run_sweep,
+    validate_points,
+)
 
 CONFIG_DIR = SHIPPED / "vllm_paper"
 PAPER = "Kwon et al., SOSP 2023"
@@ -124,12 +135,15 @@ def _shrink(spec: SweepSpec, key: str, n: int) -> SweepSpec:
 
 def run_experiments(out_dir: Path, quick: bool, executor: str = "local", workers: int | None = None,
                     address: str | None = None, only: tuple[str, ...] = (), progress: bool = True,
-                    log: Callable[[str], None] = print, tiny: bool = False) -> dict[str, SweepResult]:
+                    log: Callable[[str], None] = print, tiny: bool = False,
+                    dry_run: bool = False) -> dict[str, SweepResult]:
     """Run the chosen experiments' sweeps (reusing finished runs); return their results.
 
     ``tiny``: every experiment (the full run's too) at :data:`TINY_REQUESTS` requests a run
     and a coarse rate search, into ``out_dir/tiny``: checks that every section builds and
-    every figure is written, in seconds; its numbers mean nothing.
+    every figure is written, in seconds; its numbers mean nothing. ``dry_run``: resolve every
+    run of every chosen sweep, as the real run would build it, log how many, and run and
+    write nothing (returns no results).
     """
     if only:
         unknown = set(only) - {e.key for e in EXPERIMENTS}
@@ -140,6 +154,8 @@ def run_experiments(out_dir: Path, quick: bool, executor: str = "local", workers
     # an experiment asked for by name is never silently skipped).
     chosen = [e for e in EXPERIMENTS
               if (not only or e.key in only) and (e.in_quick or not quick or tiny or e.key in only)]
+    if not dry_run:
+        claim_folder(out_dir)  # kvsim's, or refused before anything runs (simulator.outputs)
     mode = "tiny" if tiny else "quick" if quick else "full"
     results: dict[str, SweepResult] = {}
     for exp in chosen:
@@ -152,6 +168,11 @@ def run_experiments(out_dir: Path, quick: bool, executor: str = "local", workers
             if spec.find_rate is not None:
                 spec = dataclasses.replace(
                     spec, find_rate=dataclasses.replace(spec.find_rate, **TINY_RATE))
+        if dry_run:
+            points = expand_points(spec)
+            validate_points(spec, points)
+            log(f"{exp.key}: {len(points)} {'rate searches' if spec.find_rate else 'runs'}, all valid")
+            continue
         results[exp.key] = run_sweep(spec, executor, workers=workers, address=address,
                                      progress=progress)
         r = results[exp.key]
@@ -694,8 +715,7 @@ def build_section(key: str, result: SweepResult, figs: Path) -> Section:
 
 def write_report(results: dict[str, SweepResult], out_dir: Path, quick: bool) -> Report:
     """Draw every figure and write ``report.md``; return what was written and what failed."""
-    figs = out_dir / "figures"
-    figs.mkdir(parents=True, exist_ok=True)
+    figs = claim_folder(claim_folder(out_dir) / "figures")
     titles = {e.key: e.title for e in EXPERIMENTS}
     body, verdicts, failed, figures = [], {}, {}, []
     for key, result in results.items():
@@ -727,7 +747,8 @@ def write_report(results: dict[str, SweepResult], out_dir: Path, quick: bool) ->
         summary_table(verdicts, failed, titles),
     ]
     report = out_dir / "report.md"
-    report.write_text("\n".join(head + body))
+    with atomic_write(report) as tmp:
+        tmp.write_text("\n".join(head + body))
     return Report(report, verdicts, failed, figures)
 
 

@@ -1,21 +1,27 @@
 """A progress bar for one simulation: simulated time, requests done, their rate and an ETA.
 
-A run of a million requests takes minutes; without a sign of life it looks hung. The bar
-goes to stderr (stdout keeps the summary table, so it can be piped) and only when stderr
-is a terminal: logs and tests see nothing. ``kvsim run --quiet`` turns it off.
+A run of a million requests takes minutes; without a sign of life it looks hung. Progress
+goes to stderr (stdout keeps the summary table, so it can be piped): a bar when stderr is a
+terminal, else (a log file, a pipe, CI) a plain line every few seconds, none for a run that
+ends sooner. When the run is done the bar's ETA and the last line's read 0. ``kvsim run
+--quiet`` turns both off.
 
-The engine is not touched: a daemon thread samples the simulation four times a second
-(``Simulation.env.now`` and the length of its request log, both read without locks: a
-float and an int, each read atomically under the GIL), so the simulation runs as fast
-with the bar as without it.
+The engine is not touched: a daemon thread samples the simulation (four times a second for
+the bar, at each line for lines): ``Simulation.env.now`` and the length of its request log,
+both read without locks (a float and an int, each read atomically under the GIL), so the
+simulation runs as fast with progress as without it.
 
     simulating quickstart ━━━━━━━━━━━╺━━━━━━━━  5,012/9,000 requests  312.4 s simulated
     2,304 req/s  0:00:02 ETA 0:00:01
+
+    simulating quickstart: 5,012/9,000 requests, 312.4 s simulated, 2,304 req/s, 0:00:02 elapsed, ETA 0:00:01
 """
 
 from __future__ import annotations
 
+import math
 import threading
+import time
 from types import TracebackType
 
 from rich.console import Console
@@ -27,16 +33,23 @@ class RunProgress:
 
     ``total``: requests the run will end; else ``total_sim_s``, the simulated seconds it will
     span (the bar then follows the clock); neither: the bar only counts. ``console``: where
-    to draw (default: stderr); nothing is drawn unless it is a terminal (and not quiet).
+    to draw (default: stderr): a bar on a terminal (``enabled``), else a line every
+    ``line_every_s`` (``lines``); nothing when quiet.
     """
 
     def __init__(self, name: str, total: int | None, console: Console | None = None,
-                 interval_s: float = 0.25, total_sim_s: float | None = None):
+                 interval_s: float = 0.25, total_sim_s: float | None = None, line_every_s: float = 5.0):
         self.console = console or Console(stderr=True)
         self.enabled = self.console.is_terminal and not self.console.quiet
+        self.lines = not self.console.is_terminal and not self.console.quiet
+        self.name = name
         self.total = total
+        self.total_sim_s = total_sim_s
         self.by_clock = total is None and total_sim_s is not None  # progress = simulated time
         self.interval_s = interval_s
+        self.line_every_s = line_every_s
+        self.lines_printed = 0
+        self._started = time.monotonic()
         self._sim = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -55,7 +68,7 @@ class RunProgress:
     def watch(self, sim) -> None:
         """Follow ``sim`` (a :class:`simulator.engine.Simulation`) until the context ends."""
         self._sim = sim
-        if self.bar is not None and self._thread is None:
+        if (self.bar is not None or self.lines) and self._thread is None:
             self._thread = threading.Thread(target=self._poll, name="kvsim-progress", daemon=True)
             self._thread.start()
 
@@ -69,11 +82,40 @@ class RunProgress:
         self.bar.update(self.task, completed=now if self.by_clock else done, done=done, sim_s=now,
                         rate=done / elapsed if elapsed > 0 else 0.0)
 
+    def line(self, done_now: bool = False) -> str:
+        """The plain progress line (``done_now``: the run has ended, ETA 0)."""
+        done = len(self._sim.request_rows) if self._sim is not None else 0
+        now = float(self._sim.env.now) if self._sim is not None else 0.0
+        elapsed = time.monotonic() - self._started
+        if self.by_clock:
+            share = now / self.total_sim_s if self.total_sim_s else None
+        else:
+            share = done / self.total if self.total else None
+        if done_now:
+            eta = ", ETA 0:00:00" if share is not None else ", done"
+        elif share and share < 1:
+            eta = f", ETA {clock(math.ceil(elapsed * (1 - share) / share))}"  # (0 only when done)
+        else:  # nothing yet, or past the arrivals' span and draining: not known
+            eta = ", ETA -:--:--" if share is not None else ""
+        of = f"/{self.total:,}" if self.total else ""
+        rate = done / elapsed if elapsed > 0 else 0.0
+        return (f"simulating {self.name}: {done:,}{of} requests, {now:,.1f} s simulated, {rate:,.0f} req/s, "
+                f"{clock(elapsed)} elapsed{eta}")
+
+    def _print_line(self, done_now: bool = False) -> None:
+        self.console.print(self.line(done_now), markup=False, highlight=False, soft_wrap=True)
+        self.lines_printed += 1
+
     def _poll(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self.sample()
+        if self.bar is not None:
+            while not self._stop.wait(self.interval_s):
+                self.sample()
+        else:
+            while not self._stop.wait(self.line_every_s):
+                self._print_line()
 
     def __enter__(self) -> RunProgress:
+        self._started = time.monotonic()
         if self.bar is not None:
             self.bar.start()
         return self
@@ -83,5 +125,19 @@ class RunProgress:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+        if exc_type is None:  # done: the last state shown is the end, ETA 0
+            if self.bar is not None:
+                self.sample()
+                task = self.bar.tasks[0]
+                if task.total is not None:
+                    self.bar.update(self.task, completed=max(task.completed, task.total))
+            elif self.lines and self.lines_printed:
+                self._print_line(done_now=True)
         if self.bar is not None:
             self.bar.stop()
+
+
+def clock(seconds: float) -> str:
+    """``h:mm:ss``, as the bar's clocks."""
+    s = int(seconds)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"

@@ -6,8 +6,10 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
+if TYPE_CHECKING:  # (imported where a frame is read: a run starts without pandas)
+    import pandas as pd
 
 from kvsim.policies.cache_tier import CacheTier
 from kvsim.policies.contiguous_allocator import ContiguousAllocator, contiguous_preset
@@ -115,7 +117,8 @@ def make_cost_factory(cfg: ExperimentConfig, base_dir: Path) -> Callable[[], Cos
     block = cfg.allocator.block_size if kernel == "paged" else 1
     if cfg.scheduler.policy == "sglang":  # its attention kernels (FlashInfer, FA3) read KV through a
         block = max(block, 16)  # token index table, not vLLM's per-block gather: cost them as vLLM at 16
-    deployment = Deployment(cfg.model.spec, hw.spec, hw.tensor_parallel, block, kernel, hw.pcie)
+    deployment = Deployment(cfg.model.spec, hw.spec, hw.tensor_parallel, block, kernel, hw.pcie, hw.link, c.host_time,
+                            cfg.expert_group)
     if c.kind == "calibrated":
         from kvsim.simulator.cost_model.calibrated import CalibratedCostModel, load_profile_for
 
@@ -130,7 +133,8 @@ def make_cost_factory(cfg: ExperimentConfig, base_dir: Path) -> Callable[[], Cos
         return profiled_cost_factory(c.profile, base_dir, deployment, swap_batched=c.swap_batched,
                                      step_overhead_s=overhead)
     params = c.params()
-    return lambda: RooflineCostModel(cfg.model.spec, hw.spec, hw.tensor_parallel, block, kernel, params, hw.pcie)
+    return lambda: RooflineCostModel(cfg.model.spec, hw.spec, hw.tensor_parallel, block, kernel, params, hw.pcie,
+                                     hw.link, c.host_time, cfg.expert_group)
 
 
 def scheduler_settings(cfg: ExperimentConfig) -> SchedulerSettings:
@@ -187,6 +191,8 @@ def run_warnings(cfg: ExperimentConfig, summary: dict, requests: pd.DataFrame) -
         out.append(f"{cfg.name}: the workload holds no request (check workload.window and the trace)")
     elif not summary.get("completed"):
         parts = [f"{int(summary.get(k) or 0)} {k}" for k in ("rejected", "aborted") if summary.get(k)]
+        import pandas as pd
+
         reasons = requests["reason"].dropna() if "reason" in requests else pd.Series(dtype=object)
         reasons = reasons[reasons.astype(str) != ""]
         why = f"; first reason: {reasons.iloc[0]}" if len(reasons) else ""
@@ -208,6 +214,23 @@ def check_window(cfg: ExperimentConfig, totals, end_s: float) -> None:
             f"metrics: window [{start or 0:g}, {'end' if end is None else format(end, 'g')}] s holds no engine step "
             f"(the run ends at {end_s:.6g} s of simulated time): every memory metric would be 0; "
             "move metrics.window_start_s / window_end_s inside the run")
+
+
+def add_communication(summary: dict, steps: pd.DataFrame, counters: dict, cost: CostModel) -> None:
+    """Communication as its own part of the run, where the replica's GPUs communicate (tensor
+    parallel): ``communication_time_s`` in the summary and a ``communication_s`` column in
+    the step table (seconds of each row's duration spent in collectives). A step's
+    collectives are affine in its tokens (``CostModel.communication_coefficients``) and every
+    row holds tokens, so a row of ``iterations`` steps spends ``iterations x fixed + per_token x
+    (prefill_tokens + decode_tokens)``. On one GPU neither appears (results as before)."""
+    fixed, per_token = cost.communication_coefficients()
+    if not (fixed or per_token):
+        return
+    summary["communication_time_s"] = (fixed * counters["iterations"]
+                                       + per_token * (counters["prefill_tokens"] + counters["decode_tokens"]))
+    if len(steps):
+        steps["communication_s"] = fixed * steps["iterations"] + per_token * (steps["prefill_tokens"]
+                                                                              + steps["decode_tokens"])
 
 
 def run_experiment(cfg: ExperimentConfig, base_dir: Path = Path("."),
@@ -238,6 +261,7 @@ def run_experiment(cfg: ExperimentConfig, base_dir: Path = Path("."),
     summary = summarize(req_df, totals, itl, capacity, cfg.metrics.slo_ttft_ms, cfg.metrics.slo_tpot_ms)
     summary["kv_capacity_slots"] = capacity
     summary["kv_num_gpu_blocks"] = capacity // cfg.allocator.block_size  # per replica, as vLLM logs it
+    add_communication(summary, steps, totals.counters, sim.replicas[0].cost)
     if cfg.cost_model.kind == "profiled":  # step-time lookups outside the profile's measured grid
         summary["cost_out_of_grid_lookups"] = sum(sum(r.cost.out_of_grid.values()) for r in sim.replicas)
     summary.update(allocator_stats([r.scheduler.alloc for r in sim.replicas], cfg.model.spec.kv_bytes_per_token,

@@ -99,7 +99,7 @@ from dataclasses import dataclass, field
 from itertools import islice
 
 from kvsim.policies.kv_allocator import Admission, RunWeights
-from kvsim.policies.radix_cache import RadixCacheAllocator, Tokens, request_tokens
+from kvsim.policies.radix_cache import RadixCacheAllocator, Tokens, packed_tokens, request_tokens
 from kvsim.simulator.cache_tiers import TierStack, chain_parents
 from kvsim.simulator.one_sequence_scheduler import OneSequenceScheduler, add_prefill_chunk
 from kvsim.simulator.scheduler import SchedulerSettings, Step
@@ -162,7 +162,10 @@ class SchedulerSGLang(OneSequenceScheduler):
         # running: decoding, in the order they joined; the clock never ticks: generated counts
         # are kept per request
         self.chunked: SequenceGroup | None = None  # mid-prefill (not in ``running``)
+        # a waiting or running request's tokens (prompt, then output), packed while every
+        # request's can be (``packed_tokens``), as tuples from the first that cannot on
         self._tokens: dict[SequenceGroup, Tokens] = {}
+        self._packed = True
         self._target: dict[SequenceGroup, int] = {}  # tokens the current prefill computes to
         # Cache tiers below the radix cache (module docstring, "Cache tiers"): a load's fact in
         # ``loading`` is the number of pages it loads
@@ -185,9 +188,20 @@ class SchedulerSGLang(OneSequenceScheduler):
             # its whole KV, which a clipped estimate may not cover)
             self._end(g, Status.REJECTED, f"needs more KV slots than the whole cache ({cap})")
         else:
-            self._tokens[g] = request_tokens(request, out)
+            self._tokens[g] = self._request_tokens(request, out)
             self.waiting.append(g)
         return g
+
+    def _request_tokens(self, request: Request, out: int) -> Tokens:
+        tokens = packed_tokens(request, out) if self._packed else None
+        if tokens is None:
+            if self._packed:  # one kind in the tree: every sequence becomes a tuple
+                self._packed = False
+                self.alloc.unpack()
+                for g, t in self._tokens.items():
+                    self._tokens[g] = tuple(t)
+            tokens = request_tokens(request, out)
+        return tokens
 
     @property
     def has_work(self) -> bool:
@@ -215,7 +229,7 @@ class SchedulerSGLang(OneSequenceScheduler):
             back, seen, D = set(), set(), IN_BATCH_DEPRIORITIZE_THRESHOLD
             for g in waiting:
                 if matches[g][0] < IN_BATCH_CHECK_THRESHOLD and self._num_tokens(g) >= D:
-                    head = self._tokens[g][:D]
+                    head = tuple(self._tokens[g][:D])
                     if head in seen:
                         back.add(g)
                     else:

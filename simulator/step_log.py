@@ -28,10 +28,12 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from itertools import starmap
 from struct import Struct
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:  # (imported where a frame is built: a run starts without pandas)
+    import pandas as pd
 
 from kvsim.simulator.memory_classes import CLASSES
 
@@ -266,6 +268,8 @@ class StepLog:
         if len(self._blocks) > 1:  # join once, so repeated calls do not copy again
             self._blocks = [np.concatenate(self._blocks)]
         table = self._blocks[0] if self._blocks else np.zeros((0, len(STEP_COLUMNS)))
+        import pandas as pd
+
         df = pd.DataFrame({c: table[:, i] for i, c in enumerate(STEP_COLUMNS)})
         # Memory classes stay float: a macro-step row holds their duration-weighted means.
         int_cols = [c for c in STEP_COLUMNS if c not in FLOAT_COLUMNS]

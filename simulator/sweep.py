@@ -40,6 +40,9 @@ is taken as the base itself).
 
 Results, under ``<output_dir>/<name>/``:
 
+* ``.kvsim-run``: the marker of a kvsim folder (:mod:`simulator.outputs`). A sweep writes only
+  into a folder it created or one holding the marker: a folder of the user's of that name is
+  refused before anything runs.
 * ``runs/<config hash>/``: one folder per distinct config (see :mod:`simulator.results`),
   written atomically as the run completes; a failed run holds ``error.txt`` instead of
   ``summary.json``. Starting a sweep again skips every config that has ``summary.json``
@@ -71,10 +74,9 @@ import hashlib
 import itertools
 import json
 import math
-import os
 import re
+import sys
 import time
-import uuid
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -87,7 +89,6 @@ import yaml
 from kvsim.simulator.config import (
     ConfigError,
     ExperimentConfig,
-    check_name,
     parse_override,
     read_yaml,
     validate_config,
@@ -100,13 +101,14 @@ from kvsim.simulator.executors import (
     execute_run,
     make_executor,
 )
+from kvsim.simulator.outputs import atomic_dir, atomic_write, check_name, claim_folder
 from kvsim.simulator.rate_search import (
     DEFAULT_MAX_WIDENINGS,
     RateBisection,
     RateSearchSpec,
     SustainabilityCriterion,
 )
-from kvsim.simulator.results import atomic_dir, config_hash, write_run
+from kvsim.simulator.results import config_hash, write_run
 from kvsim.simulator.run_lock import RunLock
 
 SWEEP_KEYS = (
@@ -180,6 +182,11 @@ class SweepSpec:
         return keys + ([self.find_rate.key] if self.find_rate else [])
 
 
+MAX_POINTS = 100_000
+"""Most runs one sweep may expand to: at a second each on 16 cores, nearly two hours; a grid
+beyond it (a product of long axes) is a mistake, and listing it alone would take minutes."""
+
+
 def parse_axis(text: str, flag: str = "--grid") -> tuple[str, tuple]:
     """``KEY=V1,V2,...`` (or ``KEY=[V1, V2]``) -> (KEY, values parsed as YAML)."""
     keys, value = parse_override(text)
@@ -191,6 +198,9 @@ def parse_axis(text: str, flag: str = "--grid") -> tuple[str, tuple]:
             values = [yaml.safe_load(v) if v.strip() else None for v in raw.split(",")]
         except yaml.YAMLError as e:
             raise SweepError(f"{flag} {text}: a value is not valid YAML ({e})") from None
+        except ValueError:  # (an integer of more digits than Python converts)
+            raise SweepError(f"{flag} {'.'.join(keys)}: a value is a number of more than "
+                             f"{sys.get_int_max_str_digits()} digits") from None
     if not values:
         raise SweepError(f"{flag} {text}: no values")
     return ".".join(keys), tuple(values)
@@ -357,6 +367,17 @@ def load_sweep(
         raise SweepError(
             f"{where(('zip',))}: zip: every axis needs the same number of values ({sizes})"
         )
+    for key, values in grid_axes.items():  # (a zip may repeat a value: its rows differ elsewhere)
+        texts = [_yaml_text(v) for v in values]
+        again = next((i for i, t in enumerate(texts) if t in texts[:i]), None)
+        if again is not None:
+            raise SweepError(f"{where_map[('grid', key, again)]}: grid.{key}: value {texts[again]} is given twice "
+                             "(every run would be done twice); give each value once")
+    points = math.prod(len(v) for v in grid_axes.values()) * (next(iter(lengths)) if lengths else 1)
+    if points > MAX_POINTS:
+        sizes = " x ".join(str(len(v)) for v in (*grid_axes.values(), *list(zipped.values())[:1]))
+        raise SweepError(f"{where(('grid',))}: the grid has {sizes} = {points:,} points, more than a sweep may "
+                         f"run (at most {MAX_POINTS:,}): fewer values per axis, or zip axes that vary together")
     both = set(grid_axes) & set(zipped)
     if both:
         raise SweepError(
@@ -612,20 +633,12 @@ def _uniform_columns(df: pd.DataFrame, columns: Iterable[str]) -> pd.DataFrame:
     return df
 
 
-def _tmp_name(path: Path) -> Path:
-    """A temporary file next to ``path``, private to this process: two sweeps into one folder
-    write the same tables at the same time, and a shared temporary name would let one
-    rename the other's half-written file (or find it gone)."""
-    return path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-
-
 def _write_atomic(df: pd.DataFrame, path: Path) -> None:
-    tmp = _tmp_name(path)
-    if path.suffix == ".parquet":
-        df.to_parquet(tmp, index=False)
-    else:
-        df.to_csv(tmp, index=False)
-    os.replace(tmp, path)
+    with atomic_write(path) as tmp:
+        if path.suffix == ".parquet":
+            df.to_parquet(tmp, index=False)
+        else:
+            df.to_csv(tmp, index=False)
 
 
 @dataclass(frozen=True)
@@ -672,7 +685,7 @@ def build_table(spec: SweepSpec, rows: Sequence[TableRow]) -> pd.DataFrame:
 def write_tables(spec: SweepSpec, table: pd.DataFrame, rates: pd.DataFrame | None) -> list[Path]:
     """Write ``sweep.*`` (and ``rates.*`` for a rate search); a ``rates.*`` left by an earlier
     search into the same folder is removed, so every table there describes this sweep."""
-    spec.dir.mkdir(parents=True, exist_ok=True)
+    claim_folder(spec.dir)
     paths = []
     for stem, df in (("sweep", table), ("rates", rates)):
         if df is None:
@@ -698,11 +711,9 @@ def write_metadata(spec: SweepSpec) -> Path:
         "params": spec.param_keys,
         "find_rate": spec.find_rate.as_dict() if spec.find_rate else None,
     }
-    spec.dir.mkdir(parents=True, exist_ok=True)
-    path = spec.dir / "sweep.json"
-    tmp = _tmp_name(path)
-    tmp.write_text(json.dumps(meta, indent=2, default=str))
-    os.replace(tmp, path)
+    path = claim_folder(spec.dir) / "sweep.json"
+    with atomic_write(path) as tmp:
+        tmp.write_text(json.dumps(meta, indent=2, default=str))
     return path
 
 
@@ -723,10 +734,17 @@ class SweepResult:
 
 
 class _Progress:
-    """A rich progress bar with ETA, or nothing (not a terminal, tests)."""
+    """A rich progress bar with ETA on a terminal; else (a log, CI) a plain line on stderr as
+    runs complete, at most every :data:`PROGRESS_LINE_S` seconds, and a last one at ETA 0 if
+    any was printed; nothing when not ``enabled`` (``--no-progress``, tests)."""
 
     def __init__(self, enabled: bool, name: str):
         self.bar = None
+        self.lines = False
+        self.name = name
+        self.printed = 0
+        self.state = (0, 0, 0)  # total, done, failed
+        self.started = self.last = time.monotonic()
         if enabled:
             from rich.console import Console
             from rich.progress import (
@@ -751,20 +769,44 @@ class _Progress:
                     console=console,
                 )
                 self.task = self.bar.add_task(name, total=None, failed=0)
+            else:
+                self.lines = True
         self.failed = 0
 
     def __enter__(self):
+        self.started = self.last = time.monotonic()
         if self.bar:
             self.bar.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
         if self.bar:
             self.bar.stop()
+        elif self.printed and exc_type is None:
+            self._line(done_now=True)
 
     def update(self, total: int, done: int, failed: int) -> None:
         if self.bar:
             self.bar.update(self.task, total=total, completed=done, failed=failed)
+        elif self.lines:
+            self.state = (total, done, failed)
+            if time.monotonic() - self.last >= PROGRESS_LINE_S:
+                self._line()
+
+    def _line(self, done_now: bool = False) -> None:
+        from kvsim.simulator.run_progress import clock
+
+        total, done, failed = self.state
+        self.last = time.monotonic()
+        elapsed = self.last - self.started
+        eta = 0 if done_now or done >= total else math.ceil(elapsed * (total - done) / done) if done else None
+        print(f"{self.name}: {done}/{total} runs, {failed} failed, {clock(elapsed)} elapsed, ETA "
+              f"{'-:--:--' if eta is None else clock(eta)}", file=sys.stderr, flush=True)
+        self.printed += 1
+
+
+PROGRESS_LINE_S = 5.0
+"""Without a terminal, a sweep's progress line comes at most this often (as runs complete)."""
 
 
 def run_sweep(

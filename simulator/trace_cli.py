@@ -3,7 +3,9 @@ simulating it.
 
 :func:`add_trace_commands` registers both on the CLI's argparse subparsers; each
 sets ``func`` to a handler taking the parsed arguments and returning the exit
-status (0 ok, 2 bad input, reported on one line on stderr).
+status (0 ok, 2 bad input, reported on one line on stderr). ``trace plot`` writes its PNG by
+:mod:`simulator.outputs`'s rule for a loose file: a file already there is replaced only if
+kvsim wrote it (and it is unchanged since), else the command fails and touches nothing.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from kvsim.simulator.outputs import write_file
 from kvsim.simulator.workload import resolve_data_path
 from kvsim.traces import LENGTHS, Request, TraceError, detect_format, load_trace, read_lengths
 from kvsim.traces.fields import TIME_UNITS
@@ -45,7 +48,11 @@ def add_trace_commands(subparsers) -> None:
     plot = commands.add_parser("plot", help="arrivals over time and length histograms (PNG)")
     _add_file_arguments(plot)
     plot.add_argument(
-        "-o", "--output", type=Path, help="PNG to write (default: FILE's name with .png, here)"
+        "-o",
+        "--output",
+        type=Path,
+        help="PNG to write (default: FILE's name with .png, here); a file there that kvsim "
+        "did not write is never replaced",
     )
     plot.set_defaults(func=run_trace_plot)
 
@@ -129,7 +136,8 @@ def run_trace_plot(args: argparse.Namespace) -> int:
             warnings.simplefilter("always")
             path, requests = read_requests(args)
             out = plot_output_path(args.output, path)
-            plot_trace(requests, out, title=path.name)
+            with write_file(out) as tmp:  # a file of the user's there is refused (simulator.outputs)
+                plot_trace(requests, tmp, title=path.name)
     except (TraceError, FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -51,6 +51,11 @@ def _num(value: float, unit: str = "") -> str:
     return f"{value:,.1f}" if abs(value) < 1000 else f"{value:,.0f}"
 
 
+def _gpu(v: Validation) -> str:
+    """The measured GPU as the run names it, or the catalogue GPU assumed for it."""
+    return v.plan.settings.gpu_name or f"{v.plan.gpu} (not recorded in meta.json)"
+
+
 def _pct(value: float) -> str:
     return "n/a" if not math.isfinite(value) else f"{value:+.1f}%"
 
@@ -74,6 +79,9 @@ def report_dict(v: Validation) -> dict:
         "recorded_num_gpu_blocks": s.num_gpu_blocks,
         "simulated_num_gpu_blocks": v.replays[0].summary.get("kv_num_gpu_blocks") if v.replays else None,
         "preemptions_recorded": v.preemptions_recorded,
+        "assumed": [{"setting": k, "value": val, "source": src} for k, val, src in v.plan.assumed],
+        "not_recorded": dict(v.not_recorded),
+        "failed_replays": [{"policy": p, "cost_model": k, "error": e} for p, k, e in v.failures],
         "unqueued_requests": int(v.unqueued.sum()),
         "measured_unqueued_ttft_mean_s": float(v.measured_latencies.ttft[v.unqueued].mean())
         if v.unqueued.any() else None,
@@ -103,8 +111,28 @@ def targets(v: Validation) -> list[dict]:
                         "difference_pct": d if math.isfinite(d) else None,
                         "holds": bool(math.isfinite(d) and abs(d) <= limit)})
         out.append({"policy": r.policy, "metric": "kv_usage_mae_pp", "limit_pp": KV_MAE_TARGET_PP,
-                    "value": r.kv_mae_pp, "holds": bool(r.kv_mae_pp <= KV_MAE_TARGET_PP)})
+                    "value": r.kv_mae_pp if math.isfinite(r.kv_mae_pp) else None,
+                    "holds": bool(r.kv_mae_pp <= KV_MAE_TARGET_PP)})
+    for t in out:  # a metric the run did not record is neither met nor missed
+        if t["metric"] in v.not_recorded:
+            t["holds"] = None
+            t["not_recorded"] = v.not_recorded[t["metric"]]
     return out
+
+
+def _target_line(t: dict) -> str:
+    """One target of the report's list: met, missed or not recorded."""
+    verdict = "not recorded" if t["holds"] is None else ("holds" if t["holds"] else "missed")
+    if t["metric"] == "kv_usage_mae_pp":
+        value = "n/a" if t["value"] is None else f"{t['value']:.2f}"
+        return f"- {t['policy']}: KV usage MAE {value} points (target <= {t['limit_pp']:g}): {verdict}"
+    d = t["difference_pct"]
+    return (f"- {t['policy']}: {t['metric']} {_pct(d if d is not None else math.nan)} "
+            f"(target within {t['limit_pct']:g}%): {verdict}")
+
+
+def _mae(value: float) -> str:
+    return f"{value:.2f}" if math.isfinite(value) else "not recorded"
 
 
 def comparison_table(v: Validation) -> str:
@@ -118,15 +146,15 @@ def comparison_table(v: Validation) -> str:
     for key, label, unit in ROWS:
         name = f"{label} ({unit})" if unit else label
         m = v.measured[key]
-        cells = [name, "not recorded" if key == "preemptions" and not v.preemptions_recorded else _num(m, unit)]
+        cells = [name, "not recorded" if key in v.not_recorded else _num(m, unit)]
         for r in main:
             cells += [_num(r.stats[key], unit), _pct(pct_diff(r.stats[key], m))]
         cells += [_pct(pct_diff(r.stats[key], m)) for r in ref]
         lines.append("| " + " | ".join(cells) + " |")
     cells = ["KV usage MAE per second (points)", ""]
     for r in main:
-        cells += [f"{r.kv_mae_pp:.2f}", ""]
-    cells += [f"{r.kv_mae_pp:.2f}" for r in ref]
+        cells += [_mae(r.kv_mae_pp), ""]
+    cells += [_mae(r.kv_mae_pp) for r in ref]
     lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -135,7 +163,15 @@ def curve_table(v: Validation) -> str:
     """Mean absolute error of each replay's per-second curves against the measured ones."""
     lines = ["| replay | running (requests) | waiting (requests) | KV usage (points) |", "|---|---:|---:|---:|"]
     for r in v.replays:
-        lines.append(f"| {r.label} | {r.running_mae:.2f} | {r.waiting_mae:.2f} | {r.kv_mae_pp:.2f} |")
+        lines.append(f"| {r.label} | {_mae(r.running_mae)} | {_mae(r.waiting_mae)} | {_mae(r.kv_mae_pp)} |")
+    return "\n".join(lines)
+
+
+def assumed_table(v: Validation) -> str:
+    """Each engine setting the run folder does not record: the value the replay used and
+    where it came from (a flag, the operator profile, the model, vLLM's default)."""
+    lines = ["| setting | value | from |", "|---|---|---|"]
+    lines += [f"| {k} | {val} | {src} |" for k, val, src in v.plan.assumed]
     return "\n".join(lines)
 
 
@@ -173,7 +209,8 @@ def markdown(v: Validation, figures: bool = True) -> str:
     lines = [
         f"# kvsim validate: {v.folder.name}",
         "",
-        f"Measured: {s.model} on {s.gpu_name}, TP {s.tensor_parallel}, {s.dtype}, {len(v.folder.requests)} "
+        f"Measured: {s.model} on {_gpu(v)}, TP {s.tensor_parallel}"
+        + (f" x DP {s.data_parallel}" if s.data_parallel > 1 else "") + f", {s.dtype}, {len(v.folder.requests)} "
         f"requests ({v.folder.files['requests']}). Simulated: kvsim on `{v.plan.gpu}` with the "
         f"`{v.plan.cost_model}` cost model" + (f" (profile `{v.plan.profile}`)" if v.plan.profile else "")
         + f", {blocks:,} KV blocks of {s.block_size} tokens, max_num_seqs {s.max_num_seqs}, prefix caching "
@@ -187,18 +224,14 @@ def markdown(v: Validation, figures: bool = True) -> str:
         "## Targets (issue 19, " + v.plan.cost_model + " cost model)",
         "",
     ]
-    for t in targets(v):
-        if t["metric"] == "kv_usage_mae_pp":
-            lines.append(f"- {t['policy']}: KV usage MAE {t['value']:.2f} points (target <= {t['limit_pp']:g}): "
-                         f"{'holds' if t['holds'] else 'missed'}")
-        else:
-            d = t["difference_pct"]
-            lines.append(f"- {t['policy']}: {t['metric']} {_pct(d if d is not None else math.nan)} "
-                         f"(target within {t['limit_pct']:g}%): {'holds' if t['holds'] else 'missed'}")
+    lines += [_target_line(t) for t in targets(v)]
+    lines += [f"- {p}: replay failed ({k}): {e}" for p, k, e in v.failures if k == v.plan.cost_model]
     lines += ["", "## Per-second curves (mean absolute error against the measurement)", "", curve_table(v)]
     if v.unqueued.any():
         lines += ["", f"## Requests that did not queue (measured scheduled_ts - queued_ts < "
                   f"{UNQUEUED_S * 1000:g} ms)", "", unqueued_table(v)]
+    if v.plan.assumed:
+        lines += ["", "## Settings the run folder does not record", "", assumed_table(v)]
     lines += ["", "## Notes", ""] + [f"- {n}" for n in v.notes]
     if figures:
         lines += ["", "## Figures", "", "![CDFs](cdf_latency.png)", "", "![curves](curves.png)", "",
@@ -213,17 +246,17 @@ def readme_snippet(v: Validation) -> str:
     main = v.main_replays()
     blocks = main[0].summary.get("kv_num_gpu_blocks") if main else None
     held = [t for t in targets(v) if t["holds"]]
-    missed = [t for t in targets(v) if not t["holds"]]
+    missed = [t for t in targets(v) if t["holds"] is False]
     lines = [
         "## How close to a real engine",
         "",
         f"`kvsim validate` replays a measured run with the settings it records and compares. On the shipped "
-        f"run ({s.model}, {s.gpu_name}, {len(v.folder.requests)} ShareGPT requests with their token ids, "
+        f"run ({s.model}, {_gpu(v)}, {len(v.folder.requests)} ShareGPT requests with their token ids, "
         f"{blocks:,} usable KV blocks, prefix caching and chunked prefill on), with the "
         f"`{v.plan.cost_model}` cost model" + (f" (`{v.plan.profile}`)" if v.plan.profile else "")
         + ", nothing fitted to the measured latencies:",
         "",
-        "```",
+        "```bash",
         f"kvsim validate {v.folder.path}",
         "```",
         "",
@@ -239,7 +272,8 @@ def readme_snippet(v: Validation) -> str:
         curve_table(v),
         "",
     ] + ([f"The {int(v.unqueued.sum())} requests the engine scheduled on arrival (no queueing) show prefill "
-          "under a running batch:", "", unqueued_table(v), ""] if v.unqueued.any() else []) + [
+          "under a running batch:", "", unqueued_table(v), ""] if v.unqueued.any() else []) + (
+        ["Settings the run folder does not record:", "", assumed_table(v), ""] if v.plan.assumed else []) + [
         f"- {n}" for n in v.notes] + [
         "",
         "The report (`results/validate/<run>/report.md`, `.json`) adds CDF overlays of TTFT, TPOT and E2E, "

@@ -18,11 +18,14 @@ Order of operations in :func:`build_requests`: read or generate -> ShareGPT filt
 in arrival order and arrive in seconds from the start of the (windowed) workload.
 
 Relative paths are looked up in the current folder, then the config file's
-folder (``base_dir``), then the kvsim source root, then the shipped ``traces/data``.
+folder (``base_dir``), then the kvsim source root, then the shipped ``traces/data``
+(the path as given under each: a missing file is an error, never another file of
+the same name).
 """
 
 from __future__ import annotations
 
+import math
 import typing
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,8 +34,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kvsim import traces
-from kvsim.traces import Request
+from kvsim.traces import Request, TraceError
 from kvsim.traces.arrivals import ArrivalProcess, ConstantArrivals, GammaArrivals, PoissonArrivals
+from kvsim.traces.fields import MAX_SPAN_S, MAX_TOKEN_ID, SPAN_TEXT
 from kvsim.traces.formats import TraceFormat, file_type_of, generic_format
 from kvsim.traces.generate import generate_requests
 from kvsim.traces.lengths import (
@@ -55,10 +59,32 @@ from kvsim.traces.transforms import (
     window_by_time,
 )
 
+MAX_MESSAGE_TOKENS = 16 * 2**20
+"""Most tokens a generator may give one prompt, answer or shared prefix (16 Mi tokens, as
+``model.context_len_tokens``): beyond any published model's context window."""
+
+MAX_RATE = 1e6
+"""Highest arrival rate, requests (or conversations) per second; also the most ``rate_scale``
+may speed a workload up. A million requests a second is beyond any cluster kvsim models."""
+
+MAX_THINK_S = 86_400.0
+"""Longest mean pause between a conversation's turns (a day)."""
+
+MAX_TPOT_S = 10.0
+"""Longest assumed time per output token (real engines take milliseconds; 10 s is a stall)."""
+
+MAX_PROMPT_TOKENS = 10**10
+"""Most prompt tokens a multi-turn workload may be expected to send in all (each is a token id
+drawn and carried by its request: ~10^10 would take hours and tens of GB); the largest
+multi-turn benchmark sends ~1.5 x 10^8."""
+
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 PositiveInt = Annotated[int, Field(ge=1)]
-TokenMean = Annotated[float, Field(ge=1, allow_inf_nan=False)]
+Rate = Annotated[float, Field(gt=0, le=MAX_RATE, allow_inf_nan=False)]
+Seconds = Annotated[float, Field(ge=0, le=MAX_SPAN_S, allow_inf_nan=False)]
+TokenCount = Annotated[int, Field(ge=1, le=MAX_MESSAGE_TOKENS)]
+TokenMean = Annotated[float, Field(ge=1, le=MAX_MESSAGE_TOKENS, allow_inf_nan=False)]
 
 
 MAX_REQUESTS = 100_000_000
@@ -83,13 +109,23 @@ def _numeric(annotation: Any) -> bool:
     return any(_numeric(a) for a in args) and not any(a is bool for a in args)
 
 
+def _integral(annotation: Any) -> bool:
+    """True if a field's type takes integers and no other numbers or text (``int | None`` yes)."""
+    args = typing.get_args(annotation) or (annotation,)
+    return int in args and not any(a in (float, str, bool) for a in args)
+
+
 def numbers_are_not_booleans(cls: type[BaseModel], data: Any) -> Any:
-    """A ``before`` model validator: YAML's ``true`` is not the number 1 (pydantic would take it)."""
+    """A ``before`` model validator: YAML's ``true`` is not the number 1, nor ``'16'`` the
+    integer 16 (pydantic would take both). (A float key takes text: YAML 1.1 reads ``1e-3`` so.)"""
     if isinstance(data, dict):
         for key, value in data.items():
             field = cls.model_fields.get(key) if isinstance(key, str) else None
             if isinstance(value, bool) and field is not None and _numeric(field.annotation):
                 raise ValueError(f"{key}: must be a number, not {str(value).lower()}")
+            if isinstance(value, str) and field is not None and _integral(field.annotation):
+                shown = value if len(value) <= 20 else value[:17] + "..."
+                raise ValueError(f"{key}: must be an integer, not the text {shown!r}")
     return data
 
 
@@ -167,7 +203,7 @@ class PoissonArrivalsConfig(_Section):
     """``{kind: poisson, rate}``: exponential gaps, ``rate`` requests/s."""
 
     kind: Literal["poisson"]
-    rate: PositiveFloat
+    rate: Rate
 
 
 class GammaArrivalsConfig(_Section):
@@ -175,15 +211,15 @@ class GammaArrivalsConfig(_Section):
     (1 = Poisson, > 1 burstier; vLLM's benchmark burstiness is 1 / cv**2)."""
 
     kind: Literal["gamma"]
-    rate: PositiveFloat
-    cv: PositiveFloat
+    rate: Rate
+    cv: Annotated[float, Field(ge=0.01, le=100, allow_inf_nan=False)]  # (below 0.01: use constant arrivals)
 
 
 class ConstantArrivalsConfig(_Section):
     """``{kind: constant, rate}``: one request every ``1 / rate`` seconds."""
 
     kind: Literal["constant"]
-    rate: PositiveFloat
+    rate: Rate
 
 
 ArrivalsConfig = Annotated[
@@ -199,18 +235,18 @@ class FixedLengthsConfig(_Section):
     """``{kind: fixed, prompt_tokens, output_tokens}``: every request the same."""
 
     kind: Literal["fixed"]
-    prompt_tokens: PositiveInt
-    output_tokens: PositiveInt
+    prompt_tokens: TokenCount
+    output_tokens: TokenCount
 
 
 class UniformLengthsConfig(_Section):
     """``{kind: uniform, prompt_min, prompt_max, output_min, output_max}`` (tokens, inclusive)."""
 
     kind: Literal["uniform"]
-    prompt_min: PositiveInt
-    prompt_max: PositiveInt
-    output_min: PositiveInt
-    output_max: PositiveInt
+    prompt_min: TokenCount
+    prompt_max: TokenCount
+    output_min: TokenCount
+    output_max: TokenCount
 
     @model_validator(mode="after")
     def _ordered(self) -> UniformLengthsConfig:
@@ -230,6 +266,19 @@ class LognormalLengthsConfig(_Section):
     prompt_std: NonNegativeFloat
     output_mean: TokenMean
     output_std: NonNegativeFloat
+
+    @model_validator(mode="after")
+    def _median_is_a_token(self) -> LognormalLengthsConfig:
+        """A lognormal of mean m and standard deviation s has median m / sqrt(1 + (s/m)^2): below
+        one token, most draws would round up to 1 token and the mean asked for is lost."""
+        for side in ("prompt", "output"):
+            mean, std = getattr(self, f"{side}_mean"), getattr(self, f"{side}_std")
+            median = mean / math.hypot(1, std / mean)
+            if median < 1:
+                raise ValueError(f"{side}_std ({std:g}) is too wide for {side}_mean ({mean:g}): the median would be "
+                                 f"{median:.3g} tokens, so most {side}s would become 1 token (keep the median, "
+                                 f"mean / sqrt(1 + (std / mean)^2), at least 1)")
+        return self
 
 
 class PoolLengthsConfig(_Section):
@@ -266,9 +315,9 @@ class WindowConfig(_Section):
     """``window:`` keep requests arriving in ``[start_s, start_s + duration_s)``
     (times then count from ``start_s``), then at most the first ``num_requests``."""
 
-    start_s: NonNegativeFloat = 0.0
-    duration_s: PositiveFloat | None = None
-    num_requests: PositiveInt | None = None
+    start_s: Seconds = 0.0
+    duration_s: Annotated[float, Field(gt=0, le=MAX_SPAN_S, allow_inf_nan=False)] | None = None
+    num_requests: Annotated[int, Field(ge=1, le=MAX_REQUESTS)] | None = None
 
     @model_validator(mode="after")
     def _cuts_something(self) -> WindowConfig:
@@ -282,14 +331,14 @@ class SharedPrefixConfig(_Section):
     identified by ``prefix_id``, prepended to every prompt (prompts grow by ``tokens``)."""
 
     prefix_id: str = "shared-prefix"
-    tokens: PositiveInt
+    tokens: TokenCount
 
 
 class RangeConfig(_Section):
     """``{min, max}``: an integer drawn uniformly from ``min`` to ``max`` (inclusive)."""
 
-    min: PositiveInt
-    max: PositiveInt
+    min: TokenCount
+    max: TokenCount
 
     @model_validator(mode="after")
     def _ordered(self) -> RangeConfig:
@@ -320,15 +369,15 @@ class MultiTurnConfig(_Section):
     """
 
     conversations: PositiveInt
-    conversation_rate: PositiveFloat
+    conversation_rate: Rate
     turns: RangeConfig = RangeConfig(min=2, max=6)
-    system_prompt_tokens: Annotated[int, Field(ge=0)] = 0
-    system_prompts: PositiveInt = 1
+    system_prompt_tokens: Annotated[int, Field(ge=0, le=MAX_MESSAGE_TOKENS)] = 0
+    system_prompts: Annotated[int, Field(ge=1, le=1_000_000)] = 1
     user_tokens: RangeConfig = RangeConfig(min=50, max=300)
     output_tokens: RangeConfig = RangeConfig(min=100, max=400)
-    think_time_s: NonNegativeFloat = 10.0
-    assumed_tpot_s: NonNegativeFloat = 0.02
-    vocab_size: Annotated[int, Field(ge=2)] = LLAMA3_VOCAB
+    think_time_s: Annotated[float, Field(ge=0, le=MAX_THINK_S, allow_inf_nan=False)] = 10.0
+    assumed_tpot_s: Annotated[float, Field(ge=0, le=MAX_TPOT_S, allow_inf_nan=False)] = 0.02
+    vocab_size: Annotated[int, Field(ge=2, le=MAX_TOKEN_ID + 1)] = LLAMA3_VOCAB
 
     @model_validator(mode="after")
     def _bounded(self) -> MultiTurnConfig:
@@ -336,7 +385,29 @@ class MultiTurnConfig(_Section):
         if most > MAX_REQUESTS:
             raise ValueError(f"conversations x turns.max = {most:.3g} requests is more than one run can hold "
                              f"(at most {MAX_REQUESTS:.0e})")
+        span = self.conversations / self.conversation_rate
+        if span > MAX_SPAN_S:
+            raise ValueError(f"conversations / conversation_rate = {span:.3g} s of arrivals; a workload may last at "
+                             f"most {SPAN_TEXT}: raise conversation_rate or lower conversations")
+        tokens = self.expected_prompt_tokens()
+        if tokens > MAX_PROMPT_TOKENS:
+            raise ValueError(f"these conversations would send about {tokens:.3g} prompt tokens in all (each turn "
+                             f"resends the conversation so far), more than one run can generate (at most "
+                             f"{MAX_PROMPT_TOKENS:.0e}): fewer conversations, turns or tokens per message")
         return self
+
+    def expected_prompt_tokens(self) -> float:
+        """The prompt tokens all turns send, on average: turn k's prompt holds the system prompt,
+        k user messages and k - 1 answers, so a conversation of t turns sends t x system +
+        t(t+1)/2 x user + t(t-1)/2 x answer tokens (t drawn uniformly), plus the system prompts
+        drawn once."""
+        lo, hi = self.turns.min, self.turns.max
+        t = (lo + hi) / 2
+        t2 = ((hi - lo + 1) ** 2 - 1) / 12 + t * t  # E[t^2] of a uniform integer
+        user = (self.user_tokens.min + self.user_tokens.max) / 2
+        answer = (self.output_tokens.min + self.output_tokens.max) / 2
+        per_conversation = t * self.system_prompt_tokens + (t2 + t) / 2 * user + (t2 - t) / 2 * answer
+        return self.conversations * per_conversation + self.system_prompts * self.system_prompt_tokens
 
     def spec(self) -> MultiTurnSpec:
         """The generator's parameters."""
@@ -382,7 +453,7 @@ class WorkloadConfig(_Section):
     num_requests: PositiveInt | None = None
     duration_s: PositiveFloat | None = None
     sharegpt_filter: bool = False
-    rate_scale: PositiveFloat = 1.0
+    rate_scale: Annotated[float, Field(gt=0, le=MAX_RATE, allow_inf_nan=False)] = 1.0
     window: WindowConfig | None = None
     too_long: Literal["reject", "clip"] = "reject"
     n: Annotated[int, Field(ge=1, le=MAX_GROUP)] = 1
@@ -424,13 +495,18 @@ class WorkloadConfig(_Section):
                 )
             if self.num_requests is None and self.duration_s is None:
                 raise ValueError("a generated workload needs num_requests and/or duration_s")
-            by_time = None if self.duration_s is None else self.arrivals.rate * self.rate_scale * self.duration_s
+            rate = self.arrivals.rate * self.rate_scale
+            by_time = None if self.duration_s is None else rate * self.duration_s
             expected = min(x for x in (self.num_requests, by_time) if x is not None)  # it stops at the first
             if expected > MAX_REQUESTS:
                 what = (f"num_requests {self.num_requests}" if expected == self.num_requests else
                         f"rate x rate_scale x duration_s = {expected:.3g} requests")
                 raise ValueError(f"{what} is more than one run can hold (at most {MAX_REQUESTS:.0e}: "
                                  "each request keeps a row of the request table, ~0.6 KB of memory)")
+            span = expected / rate
+            if span > MAX_SPAN_S:
+                raise ValueError(f"{expected:.3g} requests at arrivals.rate x rate_scale = {rate:.3g} req/s arrive "
+                                 f"over {span:.3g} s; a workload may last at most {SPAN_TEXT}: raise the rate")
         if self.n > 1 and self.beam_width > 1 and self.n > self.beam_width:
             raise ValueError(f"n ({self.n}) must be <= beam_width ({self.beam_width})")
         return self
@@ -444,7 +520,8 @@ SOURCE_ROOT = Path(traces.__file__).resolve().parent.parent
 
 def resolve_data_path(path: str | Path, base_dir: Path | None = None, *, key: str = "path") -> Path:
     """Find a data file: absolute, or relative to the current folder, ``base_dir``
-    (the config file's folder), the kvsim source root, or the shipped ``traces/data``.
+    (the config file's folder), the kvsim source root, or the shipped ``traces/data``
+    (the whole relative path under each: a shipped file that only shares the name is not it).
 
     Raises FileNotFoundError naming the config ``key`` and every place looked in.
     """
@@ -454,7 +531,6 @@ def resolve_data_path(path: str | Path, base_dir: Path | None = None, *, key: st
     else:
         roots = [Path.cwd(), base_dir and base_dir.resolve(), SOURCE_ROOT, traces.DATA_DIR]
         candidates = [root / given for root in roots if root is not None]
-        candidates.append(traces.DATA_DIR / given.name)
     for candidate in candidates:
         if candidate.is_file():
             return candidate
@@ -481,6 +557,8 @@ def build_requests(
         if cfg.sharegpt_filter:
             stream = sharegpt_filter(stream)
         stream = scale_rate(stream, cfg.rate_scale)
+        if cfg.rate_scale < 1:  # slowed down: the trace's span grows
+            stream = _within_span(stream, path, cfg.rate_scale)
     elif cfg.multi_turn is not None:
         stream = generate_multi_turn(cfg.multi_turn.spec(), seed=seed)
     else:
@@ -511,6 +589,15 @@ def build_requests(
     if cfg.too_long == "clip":
         stream = clip_to_max_len(stream, max_seq_len)
     return stream
+
+
+def _within_span(requests: Iterator[Request], path: Path, rate_scale: float) -> Iterator[Request]:
+    """The requests, refusing one that arrives later than a workload may last."""
+    for r in requests:
+        if r.arrival_time > MAX_SPAN_S:
+            raise TraceError(path, None, f"workload.rate_scale {rate_scale:g} stretches the trace to {r.arrival_time:.3g} s; a "
+                             f"workload may last at most {SPAN_TEXT}: raise rate_scale")
+        yield r
 
 
 def make_arrival_process(cfg: ArrivalsConfig, rate_scale: float = 1.0) -> ArrivalProcess:

@@ -18,6 +18,16 @@ TIME_UNITS = ("s", "ms", "us", "ns", "datetime")
 
 _SECONDS_PER_UNIT = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 
+MAX_TOKENS = 2**31 - 1
+"""Largest token count a trace cell may hold: far beyond any model's context window (the
+simulator rejects such a request and says why), and small enough that counts, sums and
+tables stay exact 64-bit integers."""
+
+MAX_SPAN_S = 1e7
+"""Longest a workload may last, first arrival to last (1e7 s, about 116 days): the largest
+public traces span days; a longer run is a unit mistake (ms read as s) or a rate near 0."""
+SPAN_TEXT = "1e7 s (about 116 days)"
+
 
 class CellError(ValueError):
     """One cell is unusable; ``problem`` is the one-line reason (no file or line)."""
@@ -51,6 +61,8 @@ def parse_tokens(raw: object, column: str) -> int:
     if value < 1:
         kind = "negative" if value < 0 else "zero"
         raise CellError(f"column '{column}' is {kind}: {_shown(raw)} (token counts must be >= 1)")
+    if value > MAX_TOKENS:
+        raise CellError(f"column '{column}' is too large: {_shown(raw)} (token counts are at most {MAX_TOKENS})")
     return value
 
 
@@ -60,8 +72,10 @@ def _integral_text(raw: str, column: str) -> int:
         raise CellError(f"column '{column}' is empty")
     try:
         number = float(raw)
-    except ValueError:
+    except ValueError:  # (also a string of more digits than Python converts)
         number = math.nan
+    if math.isinf(number):
+        raise CellError(f"column '{column}' is too large: {_shown(raw)} (token counts are at most {MAX_TOKENS})")
     if not number.is_integer():
         raise CellError(f"column '{column}' is not an integer: {_shown(raw)}")
     return int(number)

@@ -35,6 +35,9 @@ import numpy as np
 
 from kvsim.traces.errors import TraceError, TraceWarning
 from kvsim.traces.fields import (
+    MAX_SPAN_S,
+    MAX_TOKENS,
+    SPAN_TEXT,
     CellError,
     parse_hash_ids,
     parse_token_ids,
@@ -204,6 +207,9 @@ def _requests(path: Path, fmt: TraceFormat, on_unsorted: str) -> Iterator[Reques
             )
         if origin is None:
             origin = time
+        if time - origin > MAX_SPAN_S:
+            raise TraceError(path, line, f"this row arrives {time - origin:.3g} s after the first one; a trace may span "
+                             f"at most {SPAN_TEXT}: is the time unit right?")
         previous, previous_line = time, line
         if ids is None and tokens is None:
             yield Request(request_id, time - origin, prompt, output)
@@ -301,7 +307,7 @@ def _csv_records(path: Path, fmt: TraceFormat) -> Iterator[_Record]:
                         time = float(row[ti]) * numeric_scale
                     else:
                         time = parse_time(row[ti])
-                    fast = prompt >= 1 and output >= 1 and 0.0 <= time < math.inf
+                    fast = 1 <= prompt <= MAX_TOKENS and 1 <= output <= MAX_TOKENS and 0.0 <= time < math.inf
                 except (ValueError, CellError):
                     fast = False
                 if fast and not hashed:

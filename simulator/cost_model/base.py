@@ -5,7 +5,12 @@ from __future__ import annotations
 import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
+
+from kvsim.simulator.cost_model.host_time import NO_HOST, HostTime
+from kvsim.simulator.cost_model.interconnect import LinkSpec
+from kvsim.simulator.cost_model.interconnect import interconnect as by_name
+from kvsim.simulator.cost_model.moe import ExpertGroup
 
 if TYPE_CHECKING:  # (the catalogue is plain data; named here only in annotations)
     from kvsim.simulator.cost_model.catalogue import GPUSpec, ModelSpec
@@ -43,12 +48,31 @@ def causal_attention_pairs(new_tokens: int, cached_tokens: int = 0) -> float:
     return new_tokens * cached_tokens + new_tokens * (new_tokens + 1) / 2
 
 
+class StepParts(NamedTuple):
+    """A step's time in its parts (seconds); they add up to ``step_time``.
+
+    ``compute_s``: the GPU's kernels (and a model's fixed per-step overhead);
+    ``communication_s``: collectives between the replica's GPUs (tensor-parallel all-reduces;
+    0 on one GPU); ``host_s``: the engine's work outside the kernels (``host_time``).
+    """
+
+    compute_s: float
+    communication_s: float
+    host_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.compute_s + self.communication_s + self.host_s
+
+
 @dataclass(frozen=True, slots=True)
 class Deployment:
     """Where one replica of a model runs, as every measured cost model is built for it:
     ``model`` on ``tensor_parallel`` ``gpu``s, KV blocks of ``block_size`` tokens read by the
     ``paged`` or ``contiguous`` attention kernel, and the host link's PCIe generation
-    (``pcie``: a key of ``catalogue.PCIE``; None: the GPU's own) for swaps."""
+    (``pcie``: a key of ``catalogue.PCIE``; None: the GPU's own) for swaps; the GPUs' link
+    (``interconnect``: a name of ``interconnect.INTERCONNECTS`` or a ``LinkSpec``; None: the
+    GPU's own) for collectives; the engine's ``host`` time per step."""
 
     model: ModelSpec
     gpu: GPUSpec
@@ -56,6 +80,23 @@ class Deployment:
     block_size: int = 16  # tokens per KV block
     kernel: str = "paged"
     pcie: str | None = None
+    interconnect: str | LinkSpec | None = None
+    host: HostTime = NO_HOST
+    #: how a MoE model's expert layers are spread (``moe.ExpertGroup``); None: over this
+    #: replica's ``tensor_parallel`` GPUs
+    expert_group: ExpertGroup | None = None
+
+    @property
+    def link(self) -> LinkSpec | None:
+        """The GPUs' link: ``interconnect`` or the GPU's catalogue default."""
+        return resolve_link(self.gpu, self.interconnect)
+
+
+def resolve_link(gpu: GPUSpec, link: str | LinkSpec | None) -> LinkSpec | None:
+    """A link given by name or spec, or the GPU's catalogue default (None: no link)."""
+    if link is None:
+        return by_name(gpu.interconnect) if gpu.interconnect else None
+    return by_name(link) if isinstance(link, str) else link
 
 
 class CostModel(ABC):
@@ -76,6 +117,26 @@ class CostModel(ABC):
     @abstractmethod
     def step_time(self, shape: BatchShape) -> float:
         """Seconds one iteration of this shape takes."""
+
+    #: the engine's work outside the kernels (``host_time``); a model that times it sets its own
+    host: HostTime = NO_HOST
+
+    def step_parts(self, shape: BatchShape) -> StepParts:
+        """``step_time`` in its parts (``StepParts``): kernels, communication (the step's
+        collectives, ``communication_coefficients``), host (``host`` for its sequences)."""
+        tokens = shape.num_tokens
+        if tokens == 0:
+            return StepParts(0.0, 0.0, 0.0)
+        fixed, per_token = self.communication_coefficients()
+        comm = fixed + per_token * tokens
+        host = self.host.seconds(shape.prefill_seqs + shape.decode_seqs)
+        return StepParts(self.step_time(shape) - comm - host, comm, host)
+
+    def communication_coefficients(self) -> tuple[float, float]:
+        """``(fixed_s, per_token_s)``: a step of ``tokens > 0`` tokens spends
+        ``fixed_s + per_token_s * tokens`` in collectives (``(0, 0)``: none, e.g. one GPU). Affine
+        in the tokens, so a run of steps' communication follows from its totals."""
+        return 0.0, 0.0
 
     @abstractmethod
     def decode_coefficients(self, num_seqs: int) -> tuple[float, float]:

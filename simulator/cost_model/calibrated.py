@@ -12,8 +12,9 @@ model splits a step exactly as the roofline does and takes each part from the pr
   at the run's block size, or the contiguous fit;
 - block copy (copy-on-write) and swap: the fitted copy kernel and host-link formulas.
 
-What one GPU cannot measure stays the roofline's: tensor-parallel all-reduce over NVLink
-and the fixed per-step overhead (``RooflineParams``). Per-GPU shapes under tensor
+What one GPU cannot measure comes from elsewhere: tensor-parallel all-reduces over the
+GPUs' link (``interconnect.py``: measured NCCL bus bandwidths; the step's communication part),
+the fixed per-step overhead (``RooflineParams``) and the engine's host time (``host_time.py``). Per-GPU shapes under tensor
 parallelism round heads up (KV heads are replicated when ``tp`` exceeds them), as engines
 shard them.
 """
@@ -63,8 +64,8 @@ class CalibratedCostModel(CostModel):
         d = deployment
         super().__init__(d.model, d.gpu, d.tensor_parallel, d.block_size, d.kernel)
         self.profile = profile
-        self.params = p = params or RooflineParams()
-        m, gpu, tp, block_size, kernel = d.model, d.gpu, d.tensor_parallel, d.block_size, d.kernel
+        self.params = params or RooflineParams()
+        m, tp, block_size, kernel = d.model, d.tensor_parallel, d.block_size, d.kernel
         self._layers = m.num_layers
         self._gemms = layer_gemms(m, tp)
         self._lm_head = lm_head_gemm(m, tp)
@@ -83,10 +84,10 @@ class CalibratedCostModel(CostModel):
         ]
         self._swap = profile.swap_mode(swap_batched)
         self._swap_batched = swap_batched
-        # All-reduce (not measurable on one GPU): the roofline's two ring all-reduces per layer.
-        self._allreduce_fixed_s, self._allreduce_token_s = allreduce_coefficients(
-            m, gpu, tp, p.allreduce_latency_s
-        )
+        # All-reduce (not measurable on one GPU): two ring all-reduces per layer over the link.
+        self._allreduce_fixed_s, self._allreduce_token_s = allreduce_coefficients(m, d.link, tp)
+        self.host = d.host
+        self._host_step_s, self._host_seq_s = d.host.per_step_s, d.host.per_seq_s  # (inlined in step_time)
         self._linear_cache: dict[tuple[int, int], float] = {}
 
     # --- parts (seconds) ------------------------------------------------------------
@@ -116,7 +117,7 @@ class CalibratedCostModel(CostModel):
         return self._layers * self._decode.seconds(kv_bytes, num_seqs * self._kv_heads)
 
     def allreduce_time(self, tokens: int) -> float:
-        return self._allreduce_fixed_s + self._allreduce_token_s * tokens
+        return self._allreduce_fixed_s + self._allreduce_token_s * tokens if tokens else 0.0
 
     # --- CostModel --------------------------------------------------------------------
     def step_time(self, shape: BatchShape) -> float:
@@ -130,7 +131,12 @@ class CalibratedCostModel(CostModel):
             + self.decode_attention_time(shape.decode_seqs, shape.decode_context)
             + self.allreduce_time(tokens)
             + self.params.step_overhead_s
+            + (self._host_step_s + self._host_seq_s * sampled)
         )
+
+    def communication_coefficients(self) -> tuple[float, float]:
+        return self._allreduce_fixed_s, self._allreduce_token_s
+
 
     def decode_coefficients(self, num_seqs: int) -> tuple[float, float]:
         d = self._decode
@@ -139,6 +145,7 @@ class CalibratedCostModel(CostModel):
             + self._layers * (d.a + d.c * num_seqs * self._kv_heads)
             + self.allreduce_time(num_seqs)
             + self.params.step_overhead_s
+            + self.host.seconds(num_seqs)
         )
         return a, self._layers * d.b * self._kv_bytes_per_token_layer
 

@@ -9,6 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvsim.simulator.cost_model.moe import (
+    FP8_BLOCK128_BYTES,
+    MXFP4_BYTES,
+    MoESpec,
+    block_params,
+    expert_bytes,
+)
+
 GiB = 1024**3
 
 
@@ -20,7 +28,9 @@ class GPUSpec:
     peak_flops: float  # FLOP/s, dense fp16/bf16 tensor core (no sparsity)
     nvlink_bandwidth: float  # bytes/s per direction, per GPU, to its peers (0: no NVLink)
     pcie: str  # host link generation, key of PCIE
-    p2p: bool = True  # without NVLink: PCIe peer-to-peer between GPUs (False: through host memory)
+    #: the GPUs' link for collectives by default (a name of ``interconnect.INTERCONNECTS``;
+    #: "": none in the catalogue, so tensor parallelism needs ``hardware.interconnect``)
+    interconnect: str = ""
     #: total memory as the CUDA driver reports it (``torch.cuda.mem_get_info()[1]``), measured;
     #: a little under ``memory_bytes`` (the driver keeps some). None: not measured here.
     cuda_total_bytes: int | None = None
@@ -30,31 +40,6 @@ class GPUSpec:
         """The total vLLM multiplies by ``gpu_memory_utilization``: the driver's figure where
         one was measured, else the datasheet capacity (an overestimate by a few hundred MiB)."""
         return self.memory_bytes if self.cuda_total_bytes is None else self.cuda_total_bytes
-
-    @property
-    def link_bandwidth(self) -> float:
-        """Bytes/s per direction between two GPUs of a replica (tensor-parallel traffic).
-
-        NVLink where the GPU has it; otherwise its PCIe link, peer to peer, or at half the
-        rate when peer-to-peer is disabled and every transfer is staged in host memory
-        (device -> host -> device: two crossings of the same link).
-        """
-        if self.nvlink_bandwidth > 0:
-            return self.nvlink_bandwidth
-        return PCIE[self.pcie].bandwidth * (1.0 if self.p2p else 0.5)
-
-    @property
-    def link_latency_s(self) -> float:
-        """Seconds one all-reduce call pays before its bytes (small-message latency)."""
-        if self.nvlink_bandwidth > 0:
-            return NVLINK_ALLREDUCE_LATENCY_S
-        return PCIE_ALLREDUCE_LATENCY_S * (1.0 if self.p2p else 2.0)
-
-
-# Small-message all-reduce latency (s): NCCL over NVLink about 8 us; across PCIe switches
-# and the root complex about 2-3x that. Assumptions, not datasheet facts (DESIGN.md "Cost model").
-NVLINK_ALLREDUCE_LATENCY_S = 8e-6
-PCIE_ALLREDUCE_LATENCY_S = 20e-6
 
 
 @dataclass(frozen=True)
@@ -75,23 +60,26 @@ PCIE = {
 
 # Peak numbers from vendor datasheets/whitepapers. NVLink figures are per GPU per direction
 # (half the "total bandwidth" a datasheet quotes). Compute: dense bf16 tensor FLOP/s (the
-# datasheets' sparse figures halved). PCIe: the card's host interface (x16).
+# datasheets' sparse figures halved). PCIe: the card's host interface (x16). The last field is the
+# GPUs' link for collectives (interconnect.py, measured NCCL figures): NVLink with an NVSwitch
+# on SXM parts, a bridge between pairs of PCIe cards, else PCIe (P2P except on GeForce). MI300X
+# has none here: no published RCCL figure is in the catalogue, so give hardware.interconnect.
 GPUS = {
     # NVIDIA A100 datasheet (2021): 312 TF bf16; 1,555 / 2,039 GB/s; NVLink 600 GB/s; PCIe 4.0.
-    "a100-40gb": GPUSpec("A100-40GB", 40 * GiB, 1.555e12, 312e12, 300e9, "gen4"),
-    "a100-80gb": GPUSpec("A100-80GB", 80 * GiB, 2.039e12, 312e12, 300e9, "gen4"),
+    "a100-40gb": GPUSpec("A100-40GB", 40 * GiB, 1.555e12, 312e12, 300e9, "gen4", "nvlink3"),
+    "a100-80gb": GPUSpec("A100-80GB", 80 * GiB, 2.039e12, 312e12, 300e9, "gen4", "nvlink3"),
     # NVIDIA H100 datasheet: SXM5 989 TF bf16, 3.35 TB/s, NVLink 900 GB/s; PCIe 5.0.
-    "h100-sxm": GPUSpec("H100-SXM", 80 * GiB, 3.35e12, 989e12, 450e9, "gen5"),
+    "h100-sxm": GPUSpec("H100-SXM", 80 * GiB, 3.35e12, 989e12, 450e9, "gen5", "nvlink4"),
     # Same datasheet, H100 PCIe: 756 TF bf16, 80 GB HBM2e at 2.0 TB/s, NVLink bridge 600 GB/s
     # (pairs of cards), PCIe 5.0 x16.
-    "h100-pcie": GPUSpec("H100-PCIe", 80 * GiB, 2.0e12, 756e12, 300e9, "gen5"),
+    "h100-pcie": GPUSpec("H100-PCIe", 80 * GiB, 2.0e12, 756e12, 300e9, "gen5", "nvlink4-bridge"),
     # NVIDIA H200 datasheet (2023): 141 GB HBM3e, 4.8 TB/s, 989 TF bf16, NVLink 900 GB/s.
-    "h200": GPUSpec("H200", 141 * 10**9, 4.8e12, 989e12, 450e9, "gen5"),
+    "h200": GPUSpec("H200", 141 * 10**9, 4.8e12, 989e12, 450e9, "gen5", "nvlink4"),
     # NVIDIA H20 (HGX H20 product brief, 2024): 96 GB HBM3, 4.0 TB/s, 148 TF bf16, NVLink 900 GB/s.
-    "h20": GPUSpec("H20", 96 * 10**9, 4.0e12, 148e12, 450e9, "gen5"),
+    "h20": GPUSpec("H20", 96 * 10**9, 4.0e12, 148e12, 450e9, "gen5", "nvlink4"),
     # NVIDIA HGX B200 datasheet (2024), per GPU: 180 GB HBM3e, 8 TB/s, bf16 36 PF sparse per 8
     # GPUs -> 2.25 PF dense each; NVLink 5 1.8 TB/s; PCIe 5.0.
-    "b200": GPUSpec("B200", 180 * 10**9, 8.0e12, 2250e12, 900e9, "gen5"),
+    "b200": GPUSpec("B200", 180 * 10**9, 8.0e12, 2250e12, 900e9, "gen5", "nvlink5"),
     # AMD Instinct MI300X datasheet (2023): 192 GB HBM3, 5.3 TB/s, 1,307.4 TF bf16 dense;
     # Infinity Fabric: 7 peer links of 128 GB/s (both directions) -> 448 GB/s each way; PCIe 5.0.
     "mi300x": GPUSpec("MI300X", 192 * 10**9, 5.3e12, 1307.4e12, 448e9, "gen5"),
@@ -99,17 +87,17 @@ GPUS = {
     # accumulate 165.2 TF dense; no NVLink; PCIe 4.0 x16; peer-to-peer disabled on GeForce.
     # The driver reports 25,250,627,584 bytes (device_total_memory_bytes of the vLLM 0.19 run
     # in shared/validation/vllm-0.19-rtx4090-llama-3.1-8b/vllm/meta.json).
-    "rtx4090": GPUSpec("RTX 4090", 24 * GiB, 1.008e12, 165.2e12, 0.0, "gen4", p2p=False,
+    "rtx4090": GPUSpec("RTX 4090", 24 * GiB, 1.008e12, 165.2e12, 0.0, "gen4", "pcie-gen4",
                        cuda_total_bytes=25_250_627_584),
     # NVIDIA L40S datasheet (2023): 48 GB GDDR6, 864 GB/s, bf16 362.05 TF dense (733 sparse);
     # no NVLink; PCIe 4.0 x16.
-    "l40s": GPUSpec("L40S", 48 * GiB, 864e9, 362.05e12, 0.0, "gen4"),
+    "l40s": GPUSpec("L40S", 48 * GiB, 864e9, 362.05e12, 0.0, "gen4", "pcie-gen4-p2p"),
     # NVIDIA RTX PRO 6000 Blackwell (Server Edition) datasheet (2025): 96 GB GDDR7, 1,792 GB/s,
     # 4 PF FP4 sparse -> bf16 dense 1/8 of it = 500 TF; no NVLink; PCIe 5.0 x16.
-    "rtx-pro-6000": GPUSpec("RTX PRO 6000 Blackwell", 96 * GiB, 1.792e12, 500e12, 0.0, "gen5"),
+    "rtx-pro-6000": GPUSpec("RTX PRO 6000 Blackwell", 96 * GiB, 1.792e12, 500e12, 0.0, "gen5", "pcie-gen5-p2p"),
     # AWS EC2 G5 (NVIDIA A10G): 24 GB GDDR6, 600 GB/s; 70 TF bf16 dense (Baseten, "NVIDIA A10
     # vs A10G", 2023: the A10's 125 TF is not reached by the A10G's clocks); no NVLink; PCIe 4.0.
-    "a10g": GPUSpec("A10G", 24 * GiB, 600e9, 70e12, 0.0, "gen4"),
+    "a10g": GPUSpec("A10G", 24 * GiB, 600e9, 70e12, 0.0, "gen4", "pcie-gen4-p2p"),
 }
 
 
@@ -129,6 +117,8 @@ class ModelSpec:
     dtype_bytes: int = 2  # fp16/bf16
     #: attention head size when it is not hidden / heads (Qwen3-32B: 128, not 5120 / 64 = 80)
     explicit_head_dim: int | None = None
+    #: mixture-of-experts layers (``simulator.cost_model.moe``); None: every layer a dense MLP
+    moe: MoESpec | None = None
 
     @property
     def head_dim(self) -> int:
@@ -148,15 +138,31 @@ class ModelSpec:
         return attention + mlp
 
     @property
+    def dense_params(self) -> int:
+        """Weights of the decoder layers outside their MoE blocks: every layer's attention and
+        the dense MLPs (all layers of a dense model: ``num_layers x layer_params``)."""
+        if self.moe is None:
+            return self.num_layers * self.layer_params
+        mlp = (3 if self.gated_ffn else 2) * self.hidden_size * self.ffn_size
+        return self.num_layers * (self.layer_params - mlp) + self.moe.dense_layers * mlp
+
+    @property
     def num_params(self) -> int:
-        """All weights: layers + token embedding + LM head (counted once when tied)."""
+        """All weights: layers (every expert of a MoE block) + token embedding + LM head
+        (counted once when tied)."""
         embed = self.vocab_size * self.hidden_size
         lm_head = 0 if not self.gated_ffn else embed  # OPT ties embeddings; Llama does not
-        return self.num_layers * self.layer_params + embed + lm_head
+        moe = 0 if self.moe is None else self.moe.moe_layers(self.num_layers) * block_params(self)
+        return self.dense_params + moe + embed + lm_head
 
     @property
     def weight_bytes(self) -> int:
-        return self.num_params * self.dtype_bytes
+        """Bytes of all weights; routed experts in their own format where it differs."""
+        if self.moe is None or self.moe.expert_bytes_per_param is None:
+            return self.num_params * self.dtype_bytes
+        experts = self.moe.moe_layers(self.num_layers) * self.moe.num_experts
+        routed = experts * (3 if self.gated_ffn else 2) * self.hidden_size * self.moe.expert_ffn_size
+        return round((self.num_params - routed) * self.dtype_bytes + experts * expert_bytes(self))
 
 
 # Shapes from the Hugging Face configs of facebook/opt-*, meta-llama/Llama-2-*, Llama-3-*
@@ -181,4 +187,55 @@ MODELS = {
     "qwen3-32b": ModelSpec("Qwen3-32B", 64, 5120, 64, 8, 25600, 151936, 40960, True, explicit_head_dim=128),
     # mistralai/Mistral-7B-v0.3 config (2024): GQA 8 KV heads, vocab 32,768, 32,768-token context.
     "mistral-7b": ModelSpec("Mistral-7B", 32, 4096, 32, 8, 14336, 32768, 32768, True),
+    # --- mixture of experts (MoESpec: experts, active per token, expert size, shared size, dense
+    # layers first, bytes per expert weight). Sliding-window and latent (MLA) attention are not
+    # modelled yet: those models' attention is approximated as said per entry, until kvsim models
+    # layers by kind (DESIGN.md "Models by layer kind").
+    # Qwen/Qwen3-30B-A3B config.json (2025): 48 layers, hidden 2048, 32 heads, 4 KV heads of 128,
+    # intermediate_size 6144 (no dense layer uses it: mlp_only_layers []), 128 experts, 8 per
+    # token, moe_intermediate_size 768, no shared expert, vocab 151,936, untied, 40,960
+    # positions. 30.5B parameters, 3.3B active (model card). Qwen/Qwen3-30B-A3B-Instruct-2507
+    # (the RTX PRO 6000 profile's model): the same shapes, max_position_embeddings 262,144.
+    "qwen3-30b-a3b": ModelSpec("Qwen3-30B-A3B", 48, 2048, 32, 4, 6144, 151936, 40960, True,
+                               explicit_head_dim=128, moe=MoESpec(128, 8, 768)),
+    "qwen3-30b-a3b-instruct-2507": ModelSpec("Qwen3-30B-A3B-Instruct-2507", 48, 2048, 32, 4, 6144, 151936,
+                                             262144, True, explicit_head_dim=128, moe=MoESpec(128, 8, 768)),
+    # Qwen/Qwen3-235B-A22B config.json (2025): 94 layers, hidden 4096, 64 heads, 4 KV heads of 128,
+    # intermediate_size 12288 (unused), 128 experts, 8 per token, moe_intermediate_size 1536,
+    # vocab 151,936, untied, 40,960 positions. 235B parameters, 22B active (model card).
+    "qwen3-235b-a22b": ModelSpec("Qwen3-235B-A22B", 94, 4096, 64, 4, 12288, 151936, 40960, True,
+                                 explicit_head_dim=128, moe=MoESpec(128, 8, 1536)),
+    # mistralai/Mixtral-8x7B-v0.1 config.json (2023): 32 layers, hidden 4096, 32 heads, 8 KV heads,
+    # 8 local experts of intermediate_size 14336, 2 per token, vocab 32,000, untied, 32,768
+    # positions (sliding_window null: full attention). 46.7B parameters, 12.9B active (Jiang et
+    # al., "Mixtral of Experts", 2024).
+    "mixtral-8x7b": ModelSpec("Mixtral-8x7B", 32, 4096, 32, 8, 14336, 32000, 32768, True,
+                              moe=MoESpec(8, 2, 14336)),
+    # openai/gpt-oss-20b and -120b config.json (2025): hidden 2880, 64 heads, 8 KV heads of 64,
+    # experts of intermediate_size 2880 (SwiGLU), 4 per token, vocab 201,088, untied, 131,072
+    # positions; 24 layers and 32 experts (20b), 36 layers and 128 experts (120b). Expert weights
+    # are MXFP4 (quantization_config; attention, router, embeddings bf16), so 4.25 bits each.
+    # 20.9B / 116.8B parameters (model card). APPROXIMATED: every other layer attends within a
+    # 128-token sliding window (layer_types); here every layer is full attention, so the KV cache
+    # is overcounted (up to 2x at long contexts) until sliding-window layers are modelled.
+    # Attention biases and sinks are ignored.
+    "gpt-oss-20b": ModelSpec("gpt-oss-20b", 24, 2880, 64, 8, 2880, 201088, 131072, True,
+                             explicit_head_dim=64, moe=MoESpec(32, 4, 2880, expert_bytes_per_param=MXFP4_BYTES)),
+    "gpt-oss-120b": ModelSpec("gpt-oss-120b", 36, 2880, 64, 8, 2880, 201088, 131072, True,
+                              explicit_head_dim=64, moe=MoESpec(128, 4, 2880, expert_bytes_per_param=MXFP4_BYTES)),
+    # deepseek-ai/DeepSeek-V3 config.json (2024): 61 layers, hidden 7168, 128 heads, intermediate
+    # 18432 in the first 3 layers (first_k_dense_replace), then 256 routed experts, 8 per token, of
+    # moe_intermediate_size 2048, plus 1 shared expert of 2048; vocab 129,280, untied, 163,840
+    # positions; weights FP8 E4M3 in 128x128 blocks (quantization_config). 671B parameters, 37B
+    # active (model card; the 14B multi-token-prediction module is not served here).
+    # APPROXIMATED: multi-head latent attention caches one latent of kv_lora_rank 512 + rope 64 =
+    # 576 values per token per layer; here one KV head of 288 (K and V halves: the same 576 values,
+    # bf16, replicated on every tensor-parallel GPU as vLLM does for MLA), and 48 query heads of 288
+    # so that the attention weights, 202M per layer, are near MLA's low-rank projections (187M);
+    # attention FLOPs are approximate. Non-expert weights are counted at bf16 (FP8 in the checkpoint:
+    # about 16 GB, 2%, overcounted over the whole model) until weights get a dtype of their own.
+    "deepseek-v3": ModelSpec("DeepSeek-V3", 61, 7168, 48, 1, 18432, 129280, 163840, True,
+                             explicit_head_dim=288,
+                             moe=MoESpec(256, 8, 2048, shared_ffn_size=2048, dense_layers=3,
+                                         expert_bytes_per_param=FP8_BLOCK128_BYTES)),
 }

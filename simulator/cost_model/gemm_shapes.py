@@ -52,5 +52,6 @@ def model_gemms(model: ModelSpec, tp: int = 1) -> list[tuple[int, int]]:
 
 
 def catalogue_gemms(tp_degrees: tuple[int, ...] = TENSOR_PARALLEL_DEGREES) -> list[tuple[int, int]]:
-    """Every distinct ``(n, k)`` the catalogue models run at the given TP degrees, sorted."""
-    return sorted({g for m in MODELS.values() for tp in tp_degrees for g in model_gemms(m, tp)})
+    """Every distinct ``(n, k)`` the catalogue's dense models run at the given TP degrees, sorted
+    (the calibrated model times no mixture-of-experts block: MoE models are not benched)."""
+    return sorted({g for m in MODELS.values() if m.moe is None for tp in tp_degrees for g in model_gemms(m, tp)})

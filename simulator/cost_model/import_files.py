@@ -5,8 +5,8 @@
   column, ``cell_number`` a cell that is not a finite number >= 0, each in one line naming
   the file, the line and the column (the caller's own error class, so a user learns which
   format was being read).
-- Public profiles come with a ``LICENSE`` and a ``SOURCES.md`` (found in the folder or a few
-  above it): the profile's provenance quotes the licence's title and copyright lines and the
+- Public profiles come with a ``LICENSE`` and a ``SOURCES.md`` (found in the folder or the
+  nearest folder above it): the profile's provenance quotes the licence's title and copyright lines and the
   sources' first paragraph, and both files are copied next to the written profile as
   ``<name>.LICENSE`` and ``<name>.SOURCES.md``.
 
@@ -22,6 +22,7 @@ import shutil
 from pathlib import Path
 
 from kvsim.simulator.cost_model.operator_profile import OperatorProfile, write_operator_profile
+from kvsim.simulator.outputs import OutputError, check_file, check_name, write_file
 
 
 def read_rows(path: Path, columns: tuple[str, ...],
@@ -61,6 +62,18 @@ def find_up(start: Path, name: str, levels: int) -> Path | None:
     return None
 
 
+def find_up_to_root(start: Path, name: str) -> Path | None:
+    """File ``name`` in ``start`` or the nearest folder above it that has one, up to the
+    repository ``start`` is in (the first folder holding ``.git``) or, outside a repository,
+    the filesystem's root: a bundle copied deep into a repository finds the licence at its top."""
+    for d in [start, *start.resolve().parents]:
+        if (d / name).is_file():
+            return d / name
+        if (d / ".git").exists():
+            return None
+    return None
+
+
 def first_paragraph(text: str) -> str:
     """The first paragraph of Markdown ``text`` that is neither a heading nor a table, on one
     line, without a trailing colon (it introduces a list in a SOURCES.md)."""
@@ -79,14 +92,34 @@ def licence_summary(text: str) -> str:
     return ", ".join([lines[0], *[x for x in lines[1:] if x.lower().startswith("copyright")]])
 
 
+DEFAULT_OUT_DIR = Path("results") / "profiles"
+"""Where ``kvsim calibrate --import`` writes by default: beside the other results, in the
+working directory (the shipped ``gpu_validation/profiles`` is written only when asked)."""
+
+
 def write_with_sources(profile: OperatorProfile, out_dir: str | Path, licence_file: Path | None,
                        sources_file: Path | None) -> Path:
     """Writes ``<out_dir>/<name>.yaml`` and copies the licence and the attribution beside it
-    (those found); returns the profile's path."""
+    (those found); returns the profile's path.
+
+    By :mod:`simulator.outputs`'s rule for loose files: the name must be a plain slug, and
+    each file replaces only one kvsim wrote there (unchanged since); else OutputError, checked
+    for all three before any is written."""
     out_dir = Path(out_dir)
-    path = write_operator_profile(profile, out_dir / f"{profile.name}.yaml")
-    if licence_file is not None:
-        shutil.copyfile(licence_file, out_dir / f"{profile.name}.LICENSE")
-    if sources_file is not None:
-        shutil.copyfile(sources_file, out_dir / f"{profile.name}.SOURCES.md")
+    try:
+        check_name(profile.name, "profile name")
+    except ValueError as e:
+        raise OutputError(str(e)) from None
+    path = out_dir / f"{profile.name}.yaml"
+    copies = {out_dir / f"{profile.name}.LICENSE": licence_file,
+              out_dir / f"{profile.name}.SOURCES.md": sources_file}
+    copies = {target: source for target, source in copies.items() if source is not None}
+    for target in (path, *copies):
+        check_file(target)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with write_file(path) as tmp:
+        write_operator_profile(profile, tmp)
+    for target, source in copies.items():
+        with write_file(target) as tmp:
+            shutil.copyfile(source, tmp)
     return path

@@ -30,6 +30,10 @@ One YAML file per profile::
           n_decode: [0, 1, ..., 256]          # decoding sequences
           kv_decode: [0, 16, ..., 16384]      # tokens each decoding sequence holds
           time_us: [null, 9.31, ...]
+        moe:               # mixture-of-experts models only: one MoE block (router + experts),
+          tokens: [1, 2, ..., 2048]           # C order, null = not measured (simulator.cost_model.moe)
+          activated_experts: [8, 16, ..., 128]
+          time_us: [50.2, null, ...]
 
 Times are microseconds in the file (as measured) and seconds once read.
 """
@@ -43,6 +47,8 @@ from typing import Any
 
 import yaml
 
+from kvsim.simulator.cost_model import profile_cache
+from kvsim.simulator.cost_model.moe import MoeGrid
 from kvsim.simulator.cost_model.yaml_reader import YamlReader
 
 FORMAT_VERSION = 1
@@ -103,6 +109,7 @@ class TPTables:
     dense: dict[str, Table1D]
     per_sequence: dict[str, Table1D]
     attention: AttentionGrid
+    moe: MoeGrid | None = None  # one MoE block by tokens x activated experts (MoE models)
 
 
 @dataclass(frozen=True)
@@ -138,6 +145,9 @@ class OperatorProfile:
                 "attention": {**{ax: list(getattr(a, ax)) for ax in ATTENTION_AXES},
                               "time_us": us(a.seconds)},
             }
+            if t.moe is not None:
+                tp[degree]["moe"] = {"tokens": list(t.moe.tokens), "activated_experts": list(t.moe.activated_experts),
+                                     "time_us": us(t.moe.seconds)}
         return {
             "kvsim_operator_profile": FORMAT_VERSION,
             "name": self.name,
@@ -173,7 +183,9 @@ _CACHE: dict[tuple[str, float], OperatorProfile] = {}
 
 def read_operator_profile(path: str | Path) -> OperatorProfile:
     """Read and check a profile (cached by path and modification time: replicas and sweep
-    points share one copy); errors name the file and the key."""
+    points share one copy); errors name the file and the key. A large profile is parsed once
+    and then read from a binary copy keyed by its bytes' hash (``profile_cache``: where the
+    copy is kept, and when it is not)."""
     path = Path(path)
     try:
         key = (str(path.resolve()), path.stat().st_mtime)
@@ -181,10 +193,26 @@ def read_operator_profile(path: str | Path) -> OperatorProfile:
         raise OperatorProfileError(f"{path}: no such operator profile") from None
     if key not in _CACHE:
         try:
-            data = yaml.load(path.read_text(), Loader=_Loader)
-        except yaml.YAMLError as e:
-            raise OperatorProfileError(f"{path}: not valid YAML ({e})") from None
-        _CACHE[key] = _Reader(str(path)).profile(data)
+            raw = path.read_bytes()
+        except OSError as e:
+            raise OperatorProfileError(f"{path}: cannot read ({e.strerror or e})") from None
+        digest = profile_cache.source_digest(raw)
+        profile = None
+        data = profile_cache.load(path, digest)
+        if data is not None:
+            try:
+                profile = _Reader(str(path)).profile(data)
+            except OperatorProfileError:  # a copy that does not hold a profile: parse the YAML
+                profile = None
+        if profile is None:
+            try:
+                data = yaml.load(raw.decode("utf-8", errors="replace"), Loader=_Loader)
+            except yaml.YAMLError as e:
+                raise OperatorProfileError(f"{path}: not valid YAML ({e})") from None
+            profile = _Reader(str(path)).profile(data)
+            profile_cache.store(path, digest, data, len(raw),
+                                package_data=path.resolve().parent == PROFILES_DIR.resolve())
+        _CACHE[key] = profile
     return _CACHE[key]
 
 
@@ -259,6 +287,18 @@ class _Reader(YamlReader):
         seconds = self.times(self.get(d, "time_us", key), f"{key}.time_us", size, allow_null=True)
         return AttentionGrid(*axes, seconds)
 
+    def moe(self, d: Any, key: str) -> MoeGrid:
+        d = self.mapping(d, key)
+        tokens = self.ints(self.get(d, "tokens", key), f"{key}.tokens", minimum=1)
+        experts = self.ints(self.get(d, "activated_experts", key), f"{key}.activated_experts", minimum=1)
+        seconds = self.times(self.get(d, "time_us", key), f"{key}.time_us", len(tokens) * len(experts),
+                             allow_null=True)
+        grid = MoeGrid(tokens, experts, seconds)
+        for j, a in enumerate(experts):
+            if not grid.column(j)[0]:
+                raise self.fail(f"{key}.time_us", f"no time measured at activated_experts {a}")
+        return grid
+
     def profile(self, data: Any) -> OperatorProfile:
         data = self.mapping(data, "top level")
         version = self.get(data, "kvsim_operator_profile", "")
@@ -297,6 +337,7 @@ class _Reader(YamlReader):
                 self.tables(self.get(t, "per_sequence", key), f"{key}.per_sequence", "sequences",
                             allow_empty=True),
                 self.attention(self.get(t, "attention", key), f"{key}.attention"),
+                self.moe(t["moe"], f"{key}.moe") if "moe" in t else None,
             )
         if 1 not in tp:
             raise self.fail("tp", "a profile must hold tensor-parallel degree 1")

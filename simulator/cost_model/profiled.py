@@ -8,7 +8,9 @@ A step's time on one GPU is assembled from an operator profile
          + sum(dense_op(tokens))                      once per step: embedding, final norm
          + sum(per_sequence_op(sequences))            once per step: LM head, sampler
          + layers x attention(prefill chunk, cached prefix, decoding sequences, their context)
-         + tensor-parallel all-reduces + step_overhead_s
+         + MoE layers x moe(tokens, experts touched)       mixture-of-experts blocks (moe.py)
+         + tensor-parallel all-reduces                     communication (not in the tables)
+         + step_overhead_s + host time                    host work outside the kernels
 
 ``tokens`` = prefill tokens + decoding sequences; ``sequences`` = sequences sampled
 (prefill groups + decoding sequences).
@@ -120,10 +122,12 @@ Tensor parallelism: a profile's ``tp<N>`` tables are per-GPU times measured at d
 no communication. A run at a degree the profile has uses its tables; otherwise the
 degree-1 tables with every sharded operator's time divided by the degree (norms and the
 sampler, ``tp_stable``, are not: ideal sharding, optimistic where launches dominate). In
-both cases the model adds the two all-reduces per layer the tables lack, each
-``2 (n-1)/n x tokens x hidden x dtype_bytes / link_bandwidth + per_call_latency`` over the
-GPU's real link (``GPUSpec.link_bandwidth``: NVLink, PCIe peer-to-peer, or PCIe through
-host memory; ``link_latency_s``).
+both cases the model adds the two all-reduces per layer the tables lack (the attention
+output projection's and the MLP down projection's: ``o_proj`` and ``down_proj`` are timed
+without their reduction), each ``2 (n-1)/n x tokens x hidden x dtype_bytes / busbw + latency``
+over the GPUs' link (``hardware.interconnect``, default the GPU's: measured NCCL bus
+bandwidth and per-call latency, ``interconnect.py``). They are the step's communication part
+(``step_parts``).
 
 The attention tables were measured with the engine's paged kernel at the profile's block
 size (provenance ``measurement``); other block sizes and the contiguous allocator use the
@@ -136,6 +140,9 @@ tables (Vidur's: no LM head, no sampler) adds nothing for them.
 Not in a kernel profile, so taken from the roofline (catalogue GPU): swap over the host
 link and copy-on-write block copies. ``step_overhead_s`` defaults to 0: the profile times
 the GPU's work, and vLLM overlaps its CPU-side scheduling with it (async scheduling).
+Host time (``Deployment.host``, ``host_time.py``; none by default) is added per step and
+per sequence; a profile with a ``sampler`` per-sequence table has timed sampling already,
+so the host time's sampling share is dropped (``HostTime.without_sampling``).
 """
 
 from __future__ import annotations
@@ -151,6 +158,7 @@ from pathlib import Path
 
 from kvsim.simulator.cost_model.base import BatchShape, CostModel, Deployment
 from kvsim.simulator.cost_model.catalogue import ModelSpec
+from kvsim.simulator.cost_model.moe import ExpertGroup, MoeProfiled
 from kvsim.simulator.cost_model.operator_profile import (
     AttentionGrid,
     OperatorProfile,
@@ -407,8 +415,15 @@ class ProfiledCostModel(CostModel):
         # the chunk axis's tile (module docstring): chosen from the profile unless given
         self._attn = _Attention(tables.attention, scale, self._count, chunk_tile)
         self._layers = layers
-        # Two ring all-reduces per layer over the GPU's link, at the link's own latency.
-        self._ar_fixed, self._ar_token = allreduce_coefficients(model, gpu, tensor_parallel)
+        # Two ring all-reduces per layer over the GPUs' link (the tables hold no communication).
+        self._ar_fixed, self._ar_token = allreduce_coefficients(model, d.link, tensor_parallel)
+        # Mixture of experts: the measured MoE block (degree 1's table) and, across data-parallel
+        # engines, its dispatch and combine collectives (moe.py).
+        self.moe = None if model.moe is None else MoeProfiled(
+            profile.tp[1].moe, model, d.expert_group or ExpertGroup(tensor_parallel), d.link, self._count)
+        # Host work outside the kernels; sampling's share is in the tables when they time a sampler.
+        self.host = h = d.host.without_sampling() if "sampler" in tables.per_sequence else d.host
+        self._host_step_s, self._host_seq_s = h.per_step_s, h.per_seq_s  # (inlined in step_time)
         self._roofline = RooflineCostModel(model, gpu, tensor_parallel, d.block_size, d.kernel,
                                            RooflineParams(swap_batched=swap_batched), d.pcie)
         # Decode-only steps are affine in the mean context between these (breaks of every line).
@@ -465,15 +480,28 @@ class ProfiledCostModel(CostModel):
         return self._layers * t
 
     def allreduce_time(self, tokens: int) -> float:
-        return self._ar_fixed + self._ar_token * tokens if tokens else 0.0
+        """The step's collectives: tensor-parallel all-reduces, and a MoE model's dispatch and
+        combine across data-parallel engines."""
+        if not tokens:
+            return 0.0
+        moe = self.moe.communication_s(tokens) if self.moe is not None else 0.0
+        return self._ar_fixed + self._ar_token * tokens + moe
 
     # --- CostModel ---------------------------------------------------------------------
     def step_time(self, shape: BatchShape) -> float:
         tokens = shape.num_tokens
         if tokens == 0:
             return 0.0
-        return (self.dense_time(tokens) + self.per_sequence_time(shape.prefill_seqs + shape.decode_seqs)
-                + self.attention_time(shape) + self.allreduce_time(tokens) + self.step_overhead_s)
+        sampled = shape.prefill_seqs + shape.decode_seqs
+        moe = self.moe.compute_s(tokens) if self.moe is not None else 0.0
+        return (self.dense_time(tokens) + moe + self.per_sequence_time(sampled)
+                + self.attention_time(shape) + self.allreduce_time(tokens) + self.step_overhead_s
+                + (self._host_step_s + self._host_seq_s * sampled))
+
+    def communication_coefficients(self) -> tuple[float, float]:
+        fixed, per_token = self.moe.communication_coefficients() if self.moe is not None else (0.0, 0.0)
+        return self._ar_fixed + fixed, self._ar_token + per_token
+
 
     def decode_segment(self, num_seqs: int, context: int) -> tuple[float, float, int]:
         """``(a, b, iterations)``: a decode-only step of ``num_seqs`` sequences holding
@@ -537,7 +565,10 @@ def check_profile_model(profile: OperatorProfile, model: ModelSpec) -> None:
     pm = profile.model
     mine = {"num_heads": model.num_heads, "num_kv_heads": model.num_kv_heads,
             "ffn_size": model.ffn_size, "vocab_size": model.vocab_size}
-    diff = [f"{k} {pm[k]} vs {v}" for k, v in mine.items() if pm.get(k) != v]
+    if model.moe is not None or "num_experts" in pm:  # a MoE model needs the profile's MoE block, and only it
+        mine["num_experts"] = model.moe.num_experts if model.moe is not None else None
+        mine["experts_per_token"] = model.moe.experts_per_token if model.moe is not None else None
+    diff = [f"{k} {pm.get(k)} vs {v}" for k, v in mine.items() if pm.get(k) != v]
     if diff:
         raise OperatorProfileError(
             f"cost_model.profile: {profile.name} was measured for {pm.get('name')} shapes; model "

@@ -7,9 +7,14 @@ memory_efficiency))`` seconds (Williams et al., "Roofline", CACM 2009). The part
 - prefill attention: ``4 * d_q * layers`` FLOPs per causal query-key pair (QK^T and PV);
 - decode attention: reads every context token's K and V once; a paged kernel pays a
   block-size-dependent overhead for its indirection (``paged_overhead``);
-- tensor-parallel all-reduce: two per layer over NVLink, or PCIe where the GPU has no NVLink
-  (ring: ``2 (tp-1)/tp`` of the bytes);
-- a fixed per-step overhead (scheduling, kernel launches, sampling).
+- tensor-parallel all-reduce: two per layer over the GPUs' link (``hardware.interconnect``,
+  measured NCCL bus bandwidths: ``interconnect.py``; ring: ``2 (tp-1)/tp`` of the bytes), the
+  step's communication part (``StepParts.communication_s``);
+- mixture-of-experts blocks (``moe.py``): the touched experts' weights read, grouped-GEMM
+  FLOPs in whole tiles per expert, and the data-parallel engines' dispatch and combine
+  collectives (communication); the other weights as the linear layers above;
+- a fixed per-step overhead (kernel launches, small kernels), fitted with the efficiencies;
+- host time (``host_time.py``): the engine's work outside the kernels, none unless configured.
 
 Tensor parallelism splits weights, heads and KV evenly over ``tp`` GPUs, which run
 in parallel: per-GPU work is divided by ``tp``.
@@ -19,8 +24,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvsim.simulator.cost_model.base import BatchShape, CostModel
+from kvsim.simulator.cost_model.base import BatchShape, CostModel, resolve_link
 from kvsim.simulator.cost_model.catalogue import PCIE, GPUSpec, ModelSpec
+from kvsim.simulator.cost_model.host_time import NO_HOST, HostTime
+from kvsim.simulator.cost_model.interconnect import LinkSpec, tp_all_reduce_coefficients
+from kvsim.simulator.cost_model.moe import ExpertGroup, MoeRoofline, moe_weight_bytes
 
 
 @dataclass(frozen=True)
@@ -46,8 +54,6 @@ class RooflineParams:
     # kernel overhead (Kwon et al. 2023, Fig. 18a); tiny blocks pay for many small gathers.
     paged_overhead_base: float = 0.15
     paged_overhead_per_block: float = 1.3
-    allreduce_latency_s: float = 8e-6  # per all-reduce over NVLink (NCCL small-message latency);
-    # over PCIe the GPU's own (GPUSpec.link_latency_s)
     # per iteration: launches, small kernels (norms, rotary, sampling) the parts above omit
     step_overhead_s: float = 2.96e-3
     swap_batched: bool = False  # one transfer per layer (gathered) instead of per block
@@ -66,8 +72,17 @@ ROOFLINE_PRESETS: dict[str, dict[str, float]] = {
     # the same fit to Vidur's A100 kernel profile alone (a100-llama-3-8b: Llama-3-8B fp16, 39 grid
     # steps), against a roofline without the LM head (the profile does not time it)
     "measured-a100": {"compute_efficiency": 0.511, "memory_efficiency": 0.831, "step_overhead_s": 2.20e-3},
-    # the fit across every imported profile (each weighing the same; each against the roofline
-    # of what it times): the constants of a GPU that no profile measured
+    # the same fit to the RTX PRO 6000 Blackwell profiles (rtx-pro-6000-*: Llama-3.1-8B, Qwen3-32B
+    # and the MoE Qwen3-30B-A3B, each at TP 1 and 2, 116,184 grid steps, each case weighing the same)
+    "measured-rtx-pro-6000": {"compute_efficiency": 0.583, "memory_efficiency": 0.756, "step_overhead_s": 1.03e-3},
+    # the fit across every imported profile (each GPU weighing the same, each of its cases the
+    # same within it; each against the roofline of what it times): the constants of a GPU that
+    # no profile measured. Its error on a GPU it has not seen: roofline_fit's leave-one-GPU-out
+    # table (README, "Roofline vs measured")
+    "measured-rtx4090-a100-rtx-pro-6000": {"compute_efficiency": 0.723, "memory_efficiency": 0.893,
+                                           "step_overhead_s": 2.60e-3},
+    # the fit across the first two GPUs' profiles, the constants of unprofiled GPUs before the
+    # RTX PRO 6000 profiles were imported
     "measured-rtx4090-a100": {"compute_efficiency": 0.761, "memory_efficiency": 1.0, "step_overhead_s": 3.93e-3},
     # the defaults before that fit: typical fractions of peak for A100/H100-class GPUs, chosen
     # by hand (60% of peak compute, 80% of bandwidth, 1 ms a step)
@@ -80,8 +95,9 @@ GPU_FITS: dict[str, str] = {
     "rtx4090": "measured-rtx4090",
     "a100-40gb": "measured-a100",  # the same chip as the profiled 80 GB part (less, slower HBM)
     "a100-80gb": "measured-a100",
+    "rtx-pro-6000": "measured-rtx-pro-6000",
 }
-ACROSS_PROFILES = "measured-rtx4090-a100"
+ACROSS_PROFILES = "measured-rtx4090-a100-rtx-pro-6000"
 
 
 def default_efficiencies(gpu: str) -> str:
@@ -98,20 +114,10 @@ def roofline_preset(name: str) -> dict[str, float]:
                          f"{', '.join(sorted(ROOFLINE_PRESETS))}") from None
 
 
-def allreduce_coefficients(model: ModelSpec, gpu: GPUSpec, tensor_parallel: int,
-                           latency_s: float | None = None) -> tuple[float, float]:
-    """``(fixed_s, per_token_s)`` of a step's two ring all-reduces per layer over the GPUs'
-    link (NVLink, else PCIe: ``GPUSpec.link_bandwidth``).
-
-    Each moves ``tokens x hidden`` activations; a ring sends ``2 (tp-1)/tp`` of them.
-    ``latency_s`` per call over NVLink; PCIe links (and ``None``) use ``GPUSpec.link_latency_s``.
-    """
-    if tensor_parallel <= 1:
-        return 0.0, 0.0
-    latency = latency_s if latency_s is not None and gpu.nvlink_bandwidth > 0 else gpu.link_latency_s
-    ring = 2 * (tensor_parallel - 1) / tensor_parallel
-    per_token = 2 * model.num_layers * ring * model.hidden_size * model.dtype_bytes / gpu.link_bandwidth
-    return 2 * model.num_layers * latency, per_token
+def allreduce_coefficients(model: ModelSpec, link: LinkSpec | None, tensor_parallel: int) -> tuple[float, float]:
+    """``(fixed_s, per_token_s)`` of a step's two ring all-reduces per layer over ``link``
+    (each moves ``tokens x hidden`` activations; ``interconnect.tp_all_reduce_coefficients``)."""
+    return tp_all_reduce_coefficients(model.num_layers, model.hidden_size * model.dtype_bytes, link, tensor_parallel)
 
 
 def paged_kernel_factor(block_size: int, params: RooflineParams) -> float:
@@ -131,7 +137,13 @@ class RooflineCostModel(CostModel):
         kernel: str = "paged",
         params: RooflineParams | None = None,
         pcie: str | None = None,
+        interconnect: str | LinkSpec | None = None,
+        host: HostTime = NO_HOST,
+        expert_group: ExpertGroup | None = None,
     ):
+        """``interconnect``: the GPUs' link (None: the GPU's catalogue default); ``host``: the
+        engine's work outside the kernels per step; ``expert_group``: how a MoE model's expert
+        layers are spread (None: over this replica's ``tensor_parallel`` GPUs)."""
         super().__init__(model, gpu, tensor_parallel, block_size, kernel)
         self.params = p = params or RooflineParams()
         self.link = PCIE[pcie or gpu.pcie]
@@ -143,8 +155,9 @@ class RooflineCostModel(CostModel):
 
         # Linear layers: time = max(weights_time, per_token_time * tokens); LM head on sampled tokens.
         lm_head = m.vocab_size * m.hidden_size  # its weights (read whole, tied to the embedding or not)
-        self._weights_s = (m.weight_bytes - (0 if p.lm_head else lm_head * m.dtype_bytes)) / tp / bw
-        self._linear_flops_per_token = 2 * m.num_layers * m.layer_params / tp
+        moe_bytes = moe_weight_bytes(m) if m.moe is not None else 0.0  # (read by the MoE blocks, below)
+        self._weights_s = (m.weight_bytes - moe_bytes - (0 if p.lm_head else lm_head * m.dtype_bytes)) / tp / bw
+        self._linear_flops_per_token = 2 * m.dense_params / tp
         self._lm_head_flops_per_seq = 2 * lm_head / tp if p.lm_head else 0.0
         self._flops = flops
         # Prefill attention: compute-bound, per causal query-key pair.
@@ -154,14 +167,19 @@ class RooflineCostModel(CostModel):
         per_token_bytes_s = m.kv_bytes_per_token / tp / bw
         per_token_flops_s = 4 * d_q * m.num_layers / tp / flops
         self._decode_token_s = factor * max(per_token_bytes_s, per_token_flops_s)
-        self._allreduce_fixed_s, self._allreduce_token_s = allreduce_coefficients(m, gpu, tp, p.allreduce_latency_s)
+        self.gpu_link = resolve_link(gpu, interconnect)
+        self.host = host
+        self._host_step_s, self._host_seq_s = host.per_step_s, host.per_seq_s  # (inlined in step_time)
+        self._allreduce_fixed_s, self._allreduce_token_s = allreduce_coefficients(m, self.gpu_link, tp)
+        self.moe = None if m.moe is None else MoeRoofline(m, expert_group or ExpertGroup(tp), flops, bw, self.gpu_link)
         self._block_bytes = block_size * m.kv_bytes_per_token / tp  # one block, all layers, one GPU
         self._bw = bw
 
     # --- parts (seconds) ----------------------------------------------------------
     def linear_time(self, tokens: int, sampled: int) -> float:
         compute = (self._linear_flops_per_token * tokens + self._lm_head_flops_per_seq * sampled) / self._flops
-        return max(self._weights_s, compute)
+        moe = self.moe.compute_s(tokens) if self.moe is not None else 0.0
+        return max(self._weights_s, compute) + moe
 
     def step_time(self, shape: BatchShape) -> float:
         tokens = shape.num_tokens
@@ -171,15 +189,28 @@ class RooflineCostModel(CostModel):
         t = self.linear_time(tokens, sampled)
         t += self._prefill_pair_s * shape.prefill_attn_pairs
         t += self._decode_token_s * shape.decode_context
-        t += self._allreduce_fixed_s + self._allreduce_token_s * tokens
-        return t + self.params.step_overhead_s
+        t += self.communication_time(tokens)
+        return t + self.params.step_overhead_s + (self._host_step_s + self._host_seq_s * sampled)
+
+    def communication_time(self, tokens: int) -> float:
+        """The step's tensor-parallel all-reduces and MoE dispatch/combine collectives (0 on one
+        GPU or an empty step)."""
+        if not tokens:
+            return 0.0
+        moe = self.moe.communication_s(tokens) if self.moe is not None else 0.0
+        return self._allreduce_fixed_s + self._allreduce_token_s * tokens + moe
+
+    def communication_coefficients(self) -> tuple[float, float]:
+        fixed, per_token = self.moe.communication_coefficients() if self.moe is not None else (0.0, 0.0)
+        return self._allreduce_fixed_s + fixed, self._allreduce_token_s + per_token
+
 
     def decode_coefficients(self, num_seqs: int) -> tuple[float, float]:
         a = (
             self.linear_time(num_seqs, num_seqs)
-            + self._allreduce_fixed_s
-            + self._allreduce_token_s * num_seqs
+            + self.communication_time(num_seqs)
             + self.params.step_overhead_s
+            + self.host.seconds(num_seqs)
         )
         return a, self._decode_token_s
 

@@ -49,9 +49,10 @@ class Point:
 
 
 def grid_shapes(profiled: ProfiledCostModel) -> list[tuple[str, BatchShape]]:
-    """One step per measured attention point (one prefill sequence; ``n`` decodes of equal context)."""
+    """One step per measured attention point (one prefill sequence; ``n`` decodes of equal
+    context), of the tables measured at the cost model's tensor-parallel degree."""
     out = []
-    for pc, kp, nd, kd, _ in profiled.profile.tp[1].attention.points():
+    for pc, kp, nd, kd, _ in profiled.profile.tp[profiled.tp].attention.points():
         kind = "decode" if pc == 0 else "prefill" if nd == 0 else "mixed"
         out.append((kind, BatchShape(prefill_seqs=int(pc > 0), prefill_tokens=pc,
                                      prefill_attn_pairs=causal_attention_pairs(pc, kp) if pc else 0.0,

@@ -28,13 +28,19 @@ profile alone and to all at once (the presets) and, as a check, the four-paramet
 Results (``ROOFLINE_PRESETS``; the README has the error tables): RTX 4090 / Llama-3.1-8B
 alone 0.894 / 0.993 / 2.96 ms (``measured-rtx4090``); Vidur's A100 / Llama-3-8B alone
 0.511 / 0.831 / 2.20 ms (``measured-a100``); both at once 0.761 / 1.000 (at its bound) /
-3.93 ms (``measured-rtx4090-a100``). Like with like: a profile without an LM head (Vidur's)
-is compared with the roofline without it (``FitCase.lm_head``, ``RooflineParams.lm_head``);
-against the whole roofline the A100 fit was 0.506 / 0.830 / 1.57 ms, the missing head's
-0.6 ms hidden in its overhead. The joint fit is worse than each GPU's own on both (median
-|error| of prefill steps 21% vs 6% on the RTX 4090, 28% vs 6% on the A100): one set of
-efficiencies cannot be right on both GPUs, as issue 18 says, so each GPU with a profile uses
-its own fit by default and every other GPU the joint one (``roofline.GPU_FITS``). The A100
+3.93 ms (``measured-rtx4090-a100``); the RTX PRO 6000 Blackwell profiles (three models, TP 1
+and 2, one case per degree: ``FitCase.tensor_parallel``, both sides adding the all-reduces over
+the GPU's link) alone 0.583 / 0.756 / 1.03 ms (``measured-rtx-pro-6000``); all three GPUs at
+once, each GPU weighing the same, 0.723 / 0.893 / 2.60 ms (``measured-rtx4090-a100-rtx-pro-6000``,
+the constants of every GPU without a profile). Like with like: a profile without an LM head
+(Vidur's) is compared with the roofline without it (``FitCase.lm_head``,
+``RooflineParams.lm_head``); against the whole roofline the A100 fit was 0.506 / 0.830 /
+1.57 ms, the missing head's 0.6 ms hidden in its overhead. A joint fit is worse than each
+GPU's own (one set of efficiencies cannot be right on every GPU), so each GPU with a profile
+uses its own fit by default and every other GPU the joint one (``roofline.GPU_FITS``). How
+well the joint fit predicts a GPU it has not seen is measured by leaving each GPU out
+(``held_out_fits``: fitted on the other GPUs, judged on the one left out); ``main`` prints
+that table too. The A100
 profile's KV-cache write kernel is slow (0.55 ms a layer for a 1,024-token chunk), which
 the roofline does not model (the A100 fit absorbs it into a low compute efficiency).
 
@@ -63,6 +69,7 @@ from kvsim.simulator.cost_model.profiled import (
     load_profile,
 )
 from kvsim.simulator.cost_model.roofline import (
+    GPU_FITS,
     ROOFLINE_PRESETS,
     RooflineCostModel,
     RooflineParams,
@@ -78,12 +85,18 @@ REAL_PROFILES: dict[str, tuple[str, str]] = {
     "rtx4090-llama-3.1-8b": ("rtx4090", "llama-3.1-8b"),
     # Vidur's A100 profile (its "a100" device is the 80 GB part; Meta-Llama-3-8B, fp16)
     "a100-llama-3-8b": ("a100-80gb", "llama-3-8b"),
+    # LLMServingSim's RTX PRO 6000 Blackwell profiles (vLLM 0.19, bf16, TP 1 and 2): two dense
+    # models and one mixture-of-experts (its MoE block from moe.csv)
+    "rtx-pro-6000-llama-3.1-8b": ("rtx-pro-6000", "llama-3.1-8b"),
+    "rtx-pro-6000-qwen3-32b": ("rtx-pro-6000", "qwen3-32b"),
+    "rtx-pro-6000-qwen3-30b-a3b-instruct-2507": ("rtx-pro-6000", "qwen3-30b-a3b-instruct-2507"),
 }
 
 
 @dataclass(frozen=True)
 class FitCase:
-    """One profile's grid: steps, their measured times (s) and the hardware they ran on."""
+    """One profile's grid at one tensor-parallel degree: steps, their measured times (s) and
+    the hardware they ran on."""
 
     name: str
     gpu: str
@@ -93,6 +106,11 @@ class FitCase:
     shapes: tuple[BatchShape, ...]
     measured_s: tuple[float, ...]
     lm_head: bool = True  # the profile times the LM head; if not, the roofline leaves it out too
+    tensor_parallel: int = 1  # the tables' degree; both sides add its all-reduces over the GPU's link
+
+    @property
+    def label(self) -> str:
+        return self.name if self.tensor_parallel == 1 else f"{self.name} tp{self.tensor_parallel}"
 
 
 @dataclass(frozen=True)
@@ -104,24 +122,27 @@ class FitResult:
     iterations: int
 
 
-def case_from_profile(name: str, gpu: str, model: str) -> FitCase:
-    """The grid of a shipped (or path-named) operator profile, timed by its operators."""
+def case_from_profile(name: str, gpu: str, model: str, tensor_parallel: int = 1) -> FitCase:
+    """The grid of a shipped (or path-named) operator profile at ``tensor_parallel`` (its
+    tables of that degree), timed by its operators."""
     from kvsim.simulator.cost_model.roofline_check import grid_shapes
 
     prof = load_profile(name)
-    profiled = ProfiledCostModel(prof, Deployment(MODELS[model], GPUS[gpu]))
+    profiled = ProfiledCostModel(prof, Deployment(MODELS[model], GPUS[gpu], tensor_parallel))
     pairs = grid_shapes(profiled)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ProfileExtrapolationWarning)
         measured = tuple(profiled.step_time(s) for _, s in pairs)
     return FitCase(prof.name, gpu, model, profiled.block_size, tuple(k for k, _ in pairs),
-                   tuple(s for _, s in pairs), measured, prof.times_lm_head)
+                   tuple(s for _, s in pairs), measured, prof.times_lm_head, tensor_parallel)
 
 
 def real_profile_cases() -> list[FitCase]:
-    """Every shipped operator profile measured on a GPU (``REAL_PROFILES``)."""
+    """Every shipped operator profile measured on a GPU (``REAL_PROFILES``), one case per
+    tensor-parallel degree it measured."""
     shipped = sorted(p.stem for p in PROFILES_DIR.glob("*.yaml") if is_operator_profile(p))
-    return [case_from_profile(n, *REAL_PROFILES[n]) for n in shipped if n in REAL_PROFILES]
+    return [case_from_profile(n, *REAL_PROFILES[n], tp)
+            for n in shipped if n in REAL_PROFILES for tp in sorted(load_profile(n).tp)]
 
 
 def with_factor(params: RooflineParams, factor: float, block_size: int) -> RooflineParams:
@@ -133,7 +154,8 @@ def predict(case: FitCase, params: RooflineParams) -> np.ndarray:
     """The roofline's step times (s) on the case's grid (without the LM head where the profile
     has none: like with like)."""
     params = replace(params, lm_head=params.lm_head and case.lm_head)
-    roofline = RooflineCostModel(MODELS[case.model], GPUS[case.gpu], block_size=case.block_size, params=params)
+    roofline = RooflineCostModel(MODELS[case.model], GPUS[case.gpu], case.tensor_parallel,
+                                 block_size=case.block_size, params=params)
     return np.array([roofline.step_time(s) for s in case.shapes])
 
 
@@ -142,9 +164,13 @@ def relative_errors(case: FitCase, params: RooflineParams) -> np.ndarray:
     return predict(case, params) / np.array(case.measured_s) - 1.0
 
 
-def _weights(case: FitCase, n_cases: int) -> np.ndarray:
+def _weights(case: FitCase, cases: list[FitCase]) -> np.ndarray:
+    """Each GPU weighs the same, each case of a GPU (a model, a TP degree) the same within
+    it, and each kind of step the same within a case."""
     counts = {k: case.kinds.count(k) for k in set(case.kinds)}
-    return np.array([1.0 / (counts[k] * len(counts) * n_cases) for k in case.kinds])
+    gpus = {c.gpu for c in cases}
+    share = 1.0 / (len(gpus) * sum(c.gpu == case.gpu for c in cases))
+    return np.array([share / (counts[k] * len(counts)) for k in case.kinds])
 
 
 def fit_roofline(cases: list[FitCase], start: RooflineParams | None = None, *, fit_paged_factor: bool = True,
@@ -159,7 +185,7 @@ def fit_roofline(cases: list[FitCase], start: RooflineParams | None = None, *, f
         raise ValueError(f"roofline fit: profiles measured at block sizes {sorted(blocks)}; one at a time")
     block = blocks.pop()
     base = start or RooflineParams()
-    sqrt_w = np.sqrt(np.concatenate([_weights(c, len(cases)) for c in cases]))
+    sqrt_w = np.sqrt(np.concatenate([_weights(c, cases) for c in cases]))
     lower = np.array([1e-3, 1e-3, 0.0, 0.0])
     upper = np.array([1.0, 1.0, math.inf, math.inf])
 
@@ -243,6 +269,46 @@ def markdown_table(case: FitCase, before: RooflineParams, after: RooflineParams)
     return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class HeldOut:
+    """The roofline fitted without one GPU's profiles, judged on them (leave one GPU out):
+    how a GPU that no profile measured would be predicted."""
+
+    gpu: str
+    fitted_on: tuple[str, ...]  # the labels of the other GPUs' cases
+    params: RooflineParams
+    cases: tuple[FitCase, ...]  # the held-out GPU's cases
+
+
+def held_out_fits(cases: list[FitCase], start: RooflineParams) -> list[HeldOut]:
+    """For each GPU among ``cases`` (in name order), the three-parameter fit to the other
+    GPUs' cases; empty with fewer than two GPUs."""
+    gpus = sorted({c.gpu for c in cases})
+    if len(gpus) < 2:
+        return []
+    out = []
+    for gpu in gpus:
+        train = [c for c in cases if c.gpu != gpu]
+        params = fit_roofline(train, start, fit_paged_factor=False).params
+        out.append(HeldOut(gpu, tuple(c.label for c in train), params,
+                           tuple(c for c in cases if c.gpu == gpu)))
+    return out
+
+
+def held_out_table(held: list[HeldOut], own: dict[str, RooflineParams]) -> str:
+    """README format: per held-out case and kind of step, the median |roofline / measured - 1|
+    fitted without its GPU, then with only its GPU (``own``: GPU -> params)."""
+    lines = ["| GPU left out | case | decode | prefill | mixed | all steps |", "|---|---|---:|---:|---:|---:|"]
+    for h in held:
+        for case in h.cases:
+            out = {r.kind: r for r in error_rows(case, h.params)}
+            mine = {r.kind: r for r in error_rows(case, own[h.gpu])}
+            cells = [f"{out[k].median:.1%} / {mine[k].median:.1%}" if k in out else "-"
+                     for k in (*KINDS, "all")]
+            lines.append(f"| {h.gpu} | {case.label} | {' | '.join(cells)} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m kvsim.simulator.cost_model.roofline_fit",
                                 description=__doc__.split("\n")[0])
@@ -254,21 +320,31 @@ def main(argv: list[str] | None = None) -> int:
         result = fit_roofline(fitted, before, fit_paged_factor=False)  # the presets, rounded
         free = fit_roofline(fitted, before)  # is the paged factor worth changing?
         q = result.params
-        print(f"{label}: fitted on {', '.join(c.name for c in fitted)} ({sum(len(c.shapes) for c in fitted)} "
+        print(f"{label}: fitted on {', '.join(c.label for c in fitted)} ({sum(len(c.shapes) for c in fitted)} "
               f"steps, {result.iterations} iterations, objective {result.objective:.5g})")
         print(f"  compute_efficiency {q.compute_efficiency:.4f}, memory_efficiency {q.memory_efficiency:.4f}, "
               f"step_overhead_s {q.step_overhead_s:.4e} (paged factor at block {result.block_size} kept at "
               f"{result.paged_factor:.4f}; fitted free {free.paged_factor:.4f}, objective {free.objective:.5g})")
         return q
 
-    own = {c.name: show(c.name, [c]) for c in cases}
-    joint = show("all profiles", cases) if len(cases) > 1 else None
+    gpus = sorted({c.gpu for c in cases})
+    own = {g: show(g, [c for c in cases if c.gpu == g]) for g in gpus}
+    joint = show("all profiles", cases) if len(gpus) > 1 else None
     for c in cases:
-        print(f"\n{c.name}: |roofline / measured - 1|, hand-picked (before) -> its own fit (after)")
-        print(markdown_table(c, before, own[c.name]))
+        print(f"\n{c.label}: |roofline / measured - 1|, hand-picked (before) -> its GPU's fit (after)")
+        print(markdown_table(c, before, own[c.gpu]))
         if joint is not None:
-            print(f"\n{c.name}: hand-picked (before) -> the fit to all profiles (after)")
+            print(f"\n{c.label}: hand-picked (before) -> the fit to all profiles (after)")
             print(markdown_table(c, before, joint))
+    held = held_out_fits(cases, before)
+    if held:
+        print("\nLeave one GPU out: median |roofline / measured - 1| fitted without the GPU / with only it")
+        for h in held:
+            q = h.params
+            print(f"  without {h.gpu}: compute_efficiency {q.compute_efficiency:.4f}, memory_efficiency "
+                  f"{q.memory_efficiency:.4f}, step_overhead_s {q.step_overhead_s:.4e}")
+        shipped = {g: RooflineParams(**ROOFLINE_PRESETS[GPU_FITS[g]]) if g in GPU_FITS else own[g] for g in gpus}
+        print(held_out_table(held, shipped))  # "own": the GPU's default (the rounded preset)
     return 0
 
 

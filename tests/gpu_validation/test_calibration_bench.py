@@ -103,3 +103,18 @@ print("ok")
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env
     )
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
+
+
+def test_a_run_never_replaces_a_file_and_writes_to_results_by_default(tmp_path, capsys, monkeypatch):
+    """The default folder is ./results/profiles, not the package's shipped profiles; a file a
+    run would write that is already there stops it before any measurement, untouched."""
+    monkeypatch.chdir(tmp_path)
+    assert bench._parse_args([]).out == Path("results") / "profiles"
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "cpu-smoke-test.yaml").write_text("my own\n")
+    assert bench.main(["--cpu-smoke-test", "--out", str(mine)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "cpu-smoke-test.yaml: exists" in err
+    assert sorted(p.name for p in mine.iterdir()) == ["cpu-smoke-test.yaml"]
+    assert (mine / "cpu-smoke-test.yaml").read_text() == "my own\n"

@@ -117,7 +117,7 @@ def test_tp_shapes_scale_back_to_tp1(tmp_path):
      r"per_sequence.csv:2: sequences: expected an integer, got 'x'"),
     (lambda p: (p / "tp1" / "attention.csv").unlink(), r"attention.csv: missing"),
     (lambda p: (p / "tp1" / "moe.csv").write_text("tokens,activated_experts,time_us\n"),
-     r"mixture-of-experts profiles are not supported"),
+     r"tp1/moe.csv: architecture llama has no mixture-of-experts layers"),
 ])
 def test_bad_bundles_fail_with_one_line_naming_the_file(tmp_path, mutate, message):
     prof = write_bundle(tmp_path / "b")

@@ -9,11 +9,13 @@ the tree splits). Eviction picks, among unlocked prefixes with no cached extensi
 one with the smallest policy key, and frees the tokens back to the previous boundary.
 """
 
+from array import array
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvsim.policies.radix_cache import RadixCacheAllocator, RadixTree, request_tokens
+from kvsim.policies.radix_cache import RadixCacheAllocator, RadixTree, packed_tokens, request_tokens
 from kvsim.traces import Request
 
 
@@ -307,6 +309,21 @@ def test_allocator_classes_stay_exact(ops, page):
                 a.retract(rid)
         a.check()
         assert a.free_slots >= 0 and a.tree.total <= a.capacity
+
+
+def test_packed_tokens_are_request_tokens_in_an_int64_array():
+    """The SGLang scheduler's compact copy of a request's tokens holds the same values, or is
+    None where one is not a 64-bit int (the scheduler then keeps tuples)."""
+    packable = [Request(1, 0.0, 700, 3, hash_ids=(5, 6), hash_block_tokens=512),
+                Request(2, 0.0, 3, 2, token_ids=(4, 5, 6), output_token_ids=(7, 8)),
+                Request(3, 0.0, 10, 4), Request(2**21 - 1, 0.0, 10, 5)]
+    for r in packable:
+        for out in range(r.output_tokens + 1):
+            packed = packed_tokens(r, out)
+            assert isinstance(packed, array) and packed.typecode == "q" and tuple(packed) == request_tokens(r, out)
+    for r in (Request(4, 0.0, 10, 2, prefix_id="sys", prefix_tokens=7), Request(2**21, 0.0, 10, 5),
+              Request(5, 0.0, 3, 1, token_ids=(4, 5, 2**62))):
+        assert packed_tokens(r, r.output_tokens) is None
 
 
 def test_request_tokens_share_exactly_what_the_trace_shares():

@@ -328,6 +328,27 @@ def test_sglang_cases_retract_hit_and_evict():
     assert pressure["retract"] >= 25 and pressure["hit"] >= 30 and pressure["evict"] >= 30, pressure
 
 
+@pytest.mark.parametrize("page, eviction", [(1, "lru"), (4, "arc"), (16, "lfu")])
+def test_sglang_tokens_turn_from_packed_to_tuples_mid_run(page, eviction):
+    """The SGLang scheduler holds token sequences packed (``array('q')``) until a request's
+    cannot be (a named prefix's tokens are tuples): then the tree, the running requests and
+    the waiting queue all turn into tuples mid-run, and the run still equals the reference."""
+    config = base_config(256, 400, 0)
+    config["allocator"] = {"kind": "paged", "block_size": page, "eviction_policy": eviction}
+    config["scheduler"] = {"policy": "sglang", "max_num_seqs": 4, "max_num_batched_tokens": 256,
+                           "chunked_prefill_size": 64}
+    system = tuple(range(100, 140))
+    requests = [Request(i, 0.1 * i, 40 + 10 * (i % 3), 30, token_ids=system + tuple(range(i, i + 10 * (i % 3))))
+                for i in range(6)]
+    requests.append(Request(6, 0.35, 60, 20, prefix_id="sys", prefix_tokens=32))  # not packable
+    requests += [Request(7 + i, 0.4 + 0.1 * i, 50, 20, token_ids=system + tuple(range(i, i + 10)))
+                 for i in range(4)]
+    requests.append(Request(11, 0.9, 60, 20, prefix_id="sys", prefix_tokens=32))
+    assert_same(config, requests)
+    result = simulate(ExperimentConfig.model_validate(config), requests)
+    assert result.requests["cached_prompt_tokens"].iloc[7:].sum() > 0, "requests after the switch must hit"
+
+
 def test_the_sglang_comparison_sees_a_planted_difference(monkeypatch):
     """Under sglang too: a reference that retracts until 40 (not 20) tokens per remaining
     request fit, or evicts the most recently used leaf, disagrees with the fast engine."""

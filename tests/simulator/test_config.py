@@ -134,7 +134,8 @@ def test_cli_run_writes_results(tmp_path, capsys):
     resolved = (run / "config.yaml").read_text()
     assert "watermark: 0.01" in resolved  # defaults are written out
     out = capsys.readouterr().out
-    assert "request_throughput" in out and "mean_ttft_ms" in out
+    assert "request throughput (req/s)" in out and "mean TTFT (ms)" in out
+    assert f"{summary['request_throughput']:.3f}" in out and f"{summary['mean_ttft_ms']:.1f}" in out
 
 
 # --- issue 17: variants, units in names, renamed keys ------------------------------------------

@@ -115,3 +115,84 @@ def test_random_overrides_apply_or_raise_one_line_config_error(key, value):
         validate_config(copy.deepcopy(BASE), overrides=[f"{key}={value}"])
     except ConfigError as e:
         assert str(e) and "\n" not in str(e), str(e)
+
+
+# --- ``kvsim run`` in-process, stopped once the config is validated and its workload read ------
+
+RUN_BASES = {
+    "gen.yaml": {"name": "gen", "workload": WORKLOAD},
+    "mt.yaml": {"name": "mt", "workload": {"multi_turn": {"conversations": 2, "conversation_rate": 1.0,
+                                                          "turns": {"min": 1, "max": 2}}}},
+    "trace.yaml": {"name": "tr", "workload": {"trace": {"format": "vidur", "path": "t.csv"}},
+                   "allocator": {"prefix_caching": True, "tiers": [{"name": "cpu", "capacity_gib": 1}]}},
+}
+TRACE_CSV = "arrived_at,num_prefill_tokens,num_decode_tokens\n0,10,5\n0.5,20,6\n"
+
+
+def _dotted(node, prefix: str = "") -> list[str]:
+    """Every key path of a resolved config, sections and leaves (list items by index)."""
+    if isinstance(node, dict):
+        items = node.items()
+    elif isinstance(node, list):
+        items = enumerate(node)
+    else:
+        return []
+    out = []
+    for k, v in items:
+        path = f"{prefix}{k}"
+        out += [path, *_dotted(v, path + ".")]
+    return out
+
+
+RUN_KEYS = sorted({k for raw in RUN_BASES.values() for k in _dotted(load_config_dict(dict(raw)))} | {
+    "workload.arrivals.cv", "workload.rate_scale", "workload.duration_s", "workload.window.start_s",
+    "workload.window.duration_s", "workload.shared_prefix.tokens", "model.shape", "model.shape.num_layers",
+    "hardware.gpu_memory_gib", "allocator.tiers.0.link", "allocator.tiers.0.link.bandwidth_gb_s",
+    "preemption.overlap_swap", "workload.lengths.prompt_std", "nonsense", "workload.x.y"})
+VALUE_TEXTS = ["1e-300", "1e300", "-1", "0", "1", "0.5", "16", "'16'", "''", "true", "null", "~", ".nan", "-.inf",
+               "9" * 5000, str(2**64), "[1, 2]", "[]", "{}", "{a: 1}", "{bandwidth_gb_s: 1e-300}", "pcie-gen5",
+               "vllm-v1", "sglang", "contiguous", "lognormal", "{kind: lognormal, prompt_mean: 1e300, prompt_std: 1, "
+               "output_mean: 5, output_std: 1}", "{num_layers: 2, hidden_size: 100, num_heads: 3, "
+               "intermediate_size: 64, vocab_size: 100, context_len_tokens: 512}", "[{name: c, capacity_gib: 1}]"]
+run_values = st.one_of(st.sampled_from(VALUE_TEXTS), st.integers(-5, 5000).map(str),
+                       st.floats(allow_nan=False, width=32).map(repr), st.text(max_size=10))
+
+
+class _Validated(Exception):
+    """Raised in place of the simulation: the config was accepted and its first requests read."""
+
+
+def _read_workload_and_stop(cfg, base_dir, requests=None, progress=None):
+    import itertools
+
+    from kvsim.simulator.workload import build_requests
+
+    stream = build_requests(cfg.workload, base_dir=base_dir, seed=cfg.seed, max_seq_len=cfg.model.context_len)
+    for _ in itertools.islice(stream, 20):
+        pass
+    raise _Validated
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.sampled_from(sorted(RUN_BASES)),
+       st.lists(st.tuples(st.one_of(st.sampled_from(RUN_KEYS), keys), run_values), min_size=1, max_size=3))
+def test_kvsim_run_with_random_sets_validates_or_says_one_line(tmp_path, monkeypatch, capsys, base, sets):
+    """``kvsim run BASE --set KEY=VALUE ...`` with random keys and values: the config is accepted
+    (and its workload's first requests read), or the command exits 2 with one ``error:`` line."""
+    from kvsim.simulator.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("kvsim.simulator.runner.run_experiment", _read_workload_and_stop)
+    (tmp_path / "t.csv").write_text(TRACE_CSV)
+    (tmp_path / base).write_text(yaml.safe_dump(RUN_BASES[base]))
+    capsys.readouterr()
+    argv = ["run", base, "--no-plot", "--quiet", *(a for k, v in sets for a in ("--set", f"{k}={v}"))]
+    try:
+        rc = main(argv)
+    except _Validated:
+        return
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert rc == 2, (argv, captured)
+    assert len(lines) == 1 and lines[0].startswith("error: "), (argv, lines)
+    assert "Traceback" not in captured.err + captured.out

@@ -2,6 +2,7 @@
 defaults and presets that come from it, and how a config selects a preset."""
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,6 +28,9 @@ from kvsim.simulator.cost_model.roofline_fit import (
     FitCase,
     error_rows,
     fit_roofline,
+    held_out_fits,
+    held_out_table,
+    predict,
     real_profile_cases,
     relative_errors,
     with_factor,
@@ -38,7 +42,7 @@ HAND_PICKED = RooflineParams(**ROOFLINE_PRESETS["hand-picked"])
 
 @pytest.fixture(scope="module")
 def cases():
-    return {c.name: c for c in real_profile_cases()}
+    return {c.label: c for c in real_profile_cases()}
 
 
 @pytest.fixture(scope="module")
@@ -135,9 +139,17 @@ def test_the_fit_lowers_the_roofline_error_on_the_measured_grid(rtx4090):
     assert after["mixed"].signed_median < 0 < before["mixed"].signed_median  # now too fast there
 
 
-@pytest.mark.parametrize("preset, names", [("measured-a100", ["a100-llama-3-8b"]),
-                                           ("measured-rtx4090-a100", ["a100-llama-3-8b", "rtx4090-llama-3.1-8b"])])
-def test_the_a100_and_joint_presets_are_their_fits(cases, preset, names):
+RTX_PRO = ["rtx-pro-6000-llama-3.1-8b", "rtx-pro-6000-llama-3.1-8b tp2", "rtx-pro-6000-qwen3-30b-a3b-instruct-2507",
+           "rtx-pro-6000-qwen3-30b-a3b-instruct-2507 tp2", "rtx-pro-6000-qwen3-32b", "rtx-pro-6000-qwen3-32b tp2"]
+
+
+@pytest.mark.parametrize("preset, names", [
+    ("measured-a100", ["a100-llama-3-8b"]),
+    ("measured-rtx4090-a100", ["a100-llama-3-8b", "rtx4090-llama-3.1-8b"]),
+    ("measured-rtx-pro-6000", RTX_PRO),
+    ("measured-rtx4090-a100-rtx-pro-6000", ["a100-llama-3-8b", "rtx4090-llama-3.1-8b", *RTX_PRO]),
+])
+def test_the_measured_presets_are_their_fits(cases, preset, names):
     got = fit_roofline([cases[n] for n in names], HAND_PICKED, fit_paged_factor=False).params
     want = ROOFLINE_PRESETS[preset]
     assert got.compute_efficiency == pytest.approx(want["compute_efficiency"], abs=5e-4)
@@ -209,7 +221,68 @@ def test_every_shipped_operator_profile_is_in_the_fit():
         if str(head.get("provenance", {}).get("synthetic", "")).lower() == "true":
             continue
         assert path.stem in REAL_PROFILES, path.name
-    assert [c.name for c in real_profile_cases()] == ["a100-llama-3-8b", "rtx4090-llama-3.1-8b"]
+    assert [c.label for c in real_profile_cases()] == ["a100-llama-3-8b", *RTX_PRO, "rtx4090-llama-3.1-8b"]
+
+
+def test_a_case_per_tensor_parallel_degree_each_with_its_all_reduces(cases):
+    """A TP 2 case holds the profile's TP 2 tables, and both sides of the fit add the two
+    all-reduces per layer over the GPU's PCIe link: the roofline at TP 2 is the roofline at
+    TP 2, not at TP 1."""
+    one, two = cases["rtx-pro-6000-qwen3-32b"], cases["rtx-pro-6000-qwen3-32b tp2"]
+    assert (one.tensor_parallel, two.tensor_parallel) == (1, 2) and one.shapes == two.shapes
+    assert all(b < a for a, b in zip(one.measured_s, two.measured_s) if a > 1e-3)  # half the work each
+    p = RooflineParams()
+    m, g = MODELS["qwen3-32b"], GPUS["rtx-pro-6000"]
+    shape = two.shapes[-1]
+    want = RooflineCostModel(m, g, 2, block_size=16, params=p).step_time(shape)
+    assert predict(two, p)[-1] == pytest.approx(want, rel=1e-12)
+    assert want != pytest.approx(RooflineCostModel(m, g, 1, block_size=16, params=p).step_time(shape), rel=1e-3)
+
+
+def test_each_gpu_weighs_the_same_however_many_cases_it_has(a100, rtx4090):
+    """Three copies of the RTX 4090's case (as if three models) weigh as much as one."""
+    keep = [i for i, k in enumerate(rtx4090.kinds) if k != "mixed" or i % 32 == 0]  # (fast)
+    rtx = dataclasses.replace(rtx4090, kinds=tuple(rtx4090.kinds[i] for i in keep),
+                              shapes=tuple(rtx4090.shapes[i] for i in keep),
+                              measured_s=tuple(rtx4090.measured_s[i] for i in keep))
+    for start in (HAND_PICKED, RooflineParams()):  # the same objective everywhere
+        a = fit_roofline([a100, rtx], start, max_iterations=0)
+        b = fit_roofline([a100, rtx, rtx, rtx], start, max_iterations=0)
+        assert b.objective == pytest.approx(a.objective, rel=1e-9)
+    # (weighing each case the same would give the RTX 4090 3/4 of the weight: another objective)
+    assert fit_roofline([a100], HAND_PICKED, max_iterations=0).objective != pytest.approx(
+        fit_roofline([rtx], HAND_PICKED, max_iterations=0).objective, rel=0.1)
+
+
+@pytest.fixture(scope="module")
+def held(cases):
+    return {h.gpu: h for h in held_out_fits(list(cases.values()), HAND_PICKED)}
+
+
+def test_leaving_one_gpu_out_fits_the_others_and_judges_the_one_left_out(held, cases):
+    assert sorted(held) == ["a100-80gb", "rtx-pro-6000", "rtx4090"]
+    without_pro = held["rtx-pro-6000"]
+    assert [c.label for c in without_pro.cases] == RTX_PRO
+    assert without_pro.fitted_on == ("a100-llama-3-8b", "rtx4090-llama-3.1-8b")
+    want = ROOFLINE_PRESETS["measured-rtx4090-a100"]  # the two-GPU joint fit, as it was
+    assert without_pro.params.compute_efficiency == pytest.approx(want["compute_efficiency"], abs=5e-4)
+    assert without_pro.params.step_overhead_s == pytest.approx(want["step_overhead_s"], abs=5e-6)
+    assert held_out_fits([cases["rtx4090-llama-3.1-8b"]], HAND_PICKED) == []  # one GPU: nothing to hold out
+
+
+def test_a_gpu_left_out_is_predicted_worse_than_by_its_own_fit(held):
+    """The held-out error is the price of a GPU without a profile: on every case of every GPU
+    the fit without that GPU is further off (median |error| over all steps) than the GPU's own."""
+    own = {"a100-80gb": "measured-a100", "rtx-pro-6000": "measured-rtx-pro-6000", "rtx4090": "measured-rtx4090"}
+    table = held_out_table(list(held.values()), {g: RooflineParams(**ROOFLINE_PRESETS[p]) for g, p in own.items()})
+    for h in held.values():
+        mine = RooflineParams(**ROOFLINE_PRESETS[own[h.gpu]])
+        for case in h.cases:
+            out = {r.kind: r for r in error_rows(case, h.params)}["all"]
+            mine_all = {r.kind: r for r in error_rows(case, mine)}["all"].median
+            assert out.median > mine_all, case.label
+            row = next(line for line in table.splitlines() if line.startswith(f"| {h.gpu} | {case.label} |"))
+            assert row.endswith(f"| {out.median:.1%} / {mine_all:.1%} |"), row
 
 
 def test_fit_refuses_nothing_and_mixed_block_sizes(rtx4090):
@@ -250,8 +323,10 @@ def fitted(cost) -> dict[str, float]:
 
 
 @pytest.mark.parametrize("gpu, preset", [("a100-40gb", "measured-a100"), ("a100-80gb", "measured-a100"),
-                                         ("rtx4090", "measured-rtx4090"), ("h100-sxm", "measured-rtx4090-a100"),
-                                         ("l40s", "measured-rtx4090-a100")])
+                                         ("rtx4090", "measured-rtx4090"),
+                                         ("rtx-pro-6000", "measured-rtx-pro-6000"),
+                                         ("h100-sxm", "measured-rtx4090-a100-rtx-pro-6000"),
+                                         ("l40s", "measured-rtx4090-a100-rtx-pro-6000")])
 def test_a_roofline_without_constants_takes_its_gpus_fit(tmp_path, gpu, preset):
     """An A100 gets the A100 profile's fit (not the RTX 4090's), the RTX 4090 its own, a GPU no
     profile measured the fit across every profile; the cost model runs with it and the resolved
@@ -275,7 +350,7 @@ def test_the_table_of_fits_per_gpu():
     measured = {gpu for gpu, _ in REAL_PROFILES.values()}
     assert set(GPU_FITS) == measured | {"a100-40gb"}  # (the 40 GB A100: the same chip)
     assert all(name in ROOFLINE_PRESETS for name in (*GPU_FITS.values(), ACROSS_PROFILES))
-    assert ACROSS_PROFILES == "measured-rtx4090-a100"
+    assert ACROSS_PROFILES == "measured-rtx4090-a100-rtx-pro-6000"
     assert {default_efficiencies(g) for g in GPUS if g not in GPU_FITS} == {ACROSS_PROFILES}
 
 
@@ -303,7 +378,8 @@ def test_a_constant_given_wins_over_the_gpus_fit(tmp_path, key, value):
 
 @pytest.mark.parametrize("cost,message", [
     ({"efficiencies": "a100-guess"}, "unknown roofline efficiencies 'a100-guess'; known: hand-picked, "
-                                     "measured-a100, measured-rtx4090, measured-rtx4090-a100"),
+                                     "measured-a100, measured-rtx-pro-6000, measured-rtx4090, "
+                                     "measured-rtx4090-a100, measured-rtx4090-a100-rtx-pro-6000"),
     ({"efficiencies": "hand-picked", "memory_efficiency": 0.7}, "'hand-picked' sets memory_efficiency: give "
                                                                  "one or the other"),
     ({"kind": "profiled", "profile": "rtx4090-llama-3.1-8b", "efficiencies": "hand-picked"},
@@ -332,3 +408,12 @@ def test_presets_and_the_check_command(capsys, tmp_path):
     assert "unknown roofline efficiencies 'x'" in capsys.readouterr().err
     assert main(["--plot", str(tmp_path / "check.png")]) == 0  # the defaults beside the hand-picked ones
     assert (tmp_path / "check.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_readme_shows_the_leave_one_gpu_out_table(held):
+    """README, "Leave one GPU out": the table as ``roofline_fit`` prints it, row for row."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    own = {"a100-80gb": "measured-a100", "rtx-pro-6000": "measured-rtx-pro-6000", "rtx4090": "measured-rtx4090"}
+    table = held_out_table(list(held.values()), {g: RooflineParams(**ROOFLINE_PRESETS[p]) for g, p in own.items()})
+    for row in table.splitlines():
+        assert row in readme, row

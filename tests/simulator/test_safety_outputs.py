@@ -133,7 +133,7 @@ def test_read_only_results_folder_fails_before_simulating(checkout, monkeypatch,
     def denied(*args, dir=None, **kwargs):
         raise PermissionError(13, "Permission denied", str(dir))
 
-    monkeypatch.setattr("kvsim.simulator.results.tempfile.TemporaryFile", denied)
+    monkeypatch.setattr("kvsim.simulator.outputs.tempfile.TemporaryFile", denied)
     monkeypatch.setattr("kvsim.simulator.runner.run_experiment", lambda *a, **k: pytest.fail("simulated"))
     assert main(["run", "configs/quickstart.yaml", "--no-plot", "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -225,7 +225,7 @@ def test_tables_round_for_display_and_files_keep_full_precision():
 
 
 def test_readme_error_example_is_the_real_message(tmp_path, monkeypatch, capsys):
-    block = re.search(r"```\n\$ cat (\S+)\n(.*?)\$ (kvsim [^\n]+)\n(error: [^\n]+)\n```", README.read_text(),
+    block = re.search(r"```console\n\$ cat (\S+)\n(.*?)\$ (kvsim [^\n]+)\n(error: [^\n]+)\n```", README.read_text(),
                       re.S)
     assert block, "README lost its error example"
     name, content, command, message = block.groups()
@@ -294,5 +294,6 @@ def test_progress_follows_the_clock_when_only_the_duration_is_known():
         result = run_experiment(cfg, progress=bar)
         bar.sample()
         task = bar.bar.tasks[0]
-    assert task.total == 20.0 and task.completed == pytest.approx(bar._sim.env.now) and task.completed > 15
+        completed = task.completed  # (at the exit the bar is set done: ETA 0)
+    assert task.total == 20.0 and completed == pytest.approx(bar._sim.env.now) and completed > 15
     assert task.fields["done"] == result.summary["completed"] > 0

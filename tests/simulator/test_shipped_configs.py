@@ -31,5 +31,6 @@ def test_an_unknown_name_is_a_one_line_error_listing_the_shipped_ones(tmp_path, 
     assert main(["run", "nosuch"]) != 0
     err = capsys.readouterr().err.strip()
     assert "\n" not in err
-    assert err.startswith("error: nosuch: no such file, nor a shipped config of that name (shipped: quickstart,")
+    assert err.startswith("error: nosuch: no such file, nor a shipped config of that name (shipped: ")
+    assert " quickstart," in err and "moe/qwen3-30b-a3b" in err
     assert list(tmp_path.iterdir()) == []  # nothing written

@@ -269,3 +269,31 @@ def test_fuzz_junk_lines_load_or_raise_trace_error(name, junk):
             assert str(e).startswith(f"{path}:") and e.line is not None and e.line >= 2
         else:
             assert rows >= 1
+
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [("99999999999999999999", "'99999999999999999999'"), ("2147483648", "'2147483648'"),
+     ("1e300", "'1e300'"), ("9" * 5000, "'99999")],
+)
+def test_token_counts_beyond_the_limit_fail_at_load(tmp_path, value, shown):
+    """Above 2^31 - 1 tokens a count is refused with its line (it once ran the whole simulation
+    and failed writing the tables)."""
+    error = trace_error(tmp_path / "v.csv", f"{VIDUR_HEADER}\n0,1,1\n1,{value},1\n")
+    assert str(error).startswith(f"{tmp_path / 'v.csv'}:3: column 'num_prefill_tokens' is too large: {shown}")
+    assert "at most 2147483647" in str(error)
+
+
+def test_a_json_token_count_beyond_the_limit_fails_at_load(tmp_path):
+    row = '{{"timestamp": {t}, "input_length": 1, "output_length": {n}, "hash_ids": []}}\n'
+    error = trace_error(tmp_path / "m.jsonl", row.format(t=0, n=1) + row.format(t=1, n=2**63), format="mooncake")
+    assert str(error).startswith(f"{tmp_path / 'm.jsonl'}:2: column 'output_length' is too large")
+
+
+def test_a_trace_longer_than_the_longest_workload_fails_at_its_row(tmp_path):
+    error = trace_error(tmp_path / "v.csv", f"{VIDUR_HEADER}\n0,1,1\n5,1,1\n1e300,1,1\n")
+    assert str(error).startswith(f"{tmp_path / 'v.csv'}:4: this row arrives 1e+300 s after the first one")
+    assert "at most 1e7 s" in str(error)
+    (tmp_path / "ok.csv").write_text(f"{VIDUR_HEADER}\n5,1,1\n10000005,1,1\n")  # 1e7 s: still accepted
+    assert [r.arrival_time for r in load_trace(tmp_path / "ok.csv")] == [0.0, 1e7]
