@@ -249,3 +249,71 @@ def test_a_tp_run_reports_communication_in_its_summary_and_step_table():
     assert macro.summary["communication_time_s"] == pytest.approx(result.summary["communication_time_s"], rel=1e-9)
     one = run_experiment(cfg())
     assert "communication_time_s" not in one.summary and "communication_s" not in one.steps
+
+
+# --- the edges a mutation campaign found unchecked (mutation/README.md) -----------------------
+def test_bandwidth_picks_the_nearest_measured_rank_count_ties_to_the_smaller():
+    from kvsim.simulator.cost_model.interconnect import Collective
+
+    c = Collective(((1, 5 * GB), (2, 100 * GB), (8, 50 * GB)), 0.0)
+    assert c.bandwidth(1) == 5 * GB  # a measurement at one rank answers for one rank
+    assert c.bandwidth(0) == 5 * GB  # (no ranks: read as one)
+    assert c.bandwidth(4) == 100 * GB  # log2 distance 1 to both 2 and 8: the smaller count
+    assert c.bandwidth(5) == 50 * GB  # nearer 8 (log2 0.68) than 2 (log2 1.32)
+
+
+def test_send_recv_reads_the_two_rank_figure():
+    from kvsim.simulator.cost_model.interconnect import Collective, LinkSpec
+
+    link = LinkSpec("x", Collective(((2, 10 * GB), (4, 20 * GB)), 1e-5))  # 3 ranks would read the 4-rank 20 GB/s
+    assert link_send_recv_s(link, 1e9) == pytest.approx(1e9 / 10e9 + 1e-5, rel=1e-15)
+
+
+def test_measured_collectives_sort_their_points():
+    from kvsim.simulator.cost_model.interconnect import Collective, _measured
+
+    assert _measured(6e-6, (8, 480 * GB), (2, 370 * GB)) == Collective(((2, 370 * GB), (8, 480 * GB)), 6e-6)
+
+
+def test_named_and_explicit_links_keep_their_names_and_own_collectives():
+    from kvsim.simulator.cost_model.interconnect import explicit_link
+
+    assert interconnect("PCIe-Gen4-x8-P2P").name == "pcie-gen4-x8-p2p"
+    plain = explicit_link(10, 1e-5)
+    assert plain.name == "explicit" and plain.all_to_all is None and plain.send_recv is None
+    own = explicit_link(10, 1e-5, all_to_all=(5, 2e-5), send_recv=(20, 3e-5))
+    assert own.name == "explicit"
+    assert link_all_to_all_s(own, 4e6, 4) == pytest.approx(0.75 * 4e6 / 5e9 + 2e-5, rel=1e-15)
+    assert link_send_recv_s(own, 4e6) == pytest.approx(4e6 / 20e9 + 3e-5, rel=1e-15)
+    assert link_all_reduce_s(own, 4e6, 4) == pytest.approx(1.5 * 4e6 / 10e9 + 1e-5, rel=1e-15)
+    only_send = explicit_link(10, 1e-5, send_recv=(20, 3e-5))  # all-to-all falls back to the all-reduce's
+    assert link_all_to_all_s(only_send, 4e6, 4) == pytest.approx(0.75 * 4e6 / 10e9 + 1e-5, rel=1e-15)
+
+
+def test_check_ranks_at_the_edges():
+    from kvsim.simulator.cost_model.interconnect import check_ranks, tp_all_reduce_coefficients
+
+    check_ranks(None, 1, "none")  # one GPU needs no link
+    check_ranks(interconnect("nvlink4-bridge"), 2, "nvlink4-bridge")  # a bridge joins exactly two
+    with pytest.raises(ValueError, match=r"^'nvlink4-bridge' joins 2 GPUs, not 3: set another link, e\.g\. "
+                                         r"pcie-gen5-p2p$"):
+        check_ranks(interconnect("nvlink4-bridge"), 3, "nvlink4-bridge")
+    with pytest.raises(ValueError, match=r"^'none' joins no GPUs, so tensor_parallel 2 cannot run on it: set a link"):
+        check_ranks(None, 2, "none")
+    with pytest.raises(ValueError, match=r"^tensor_parallel 2 needs a GPU-to-GPU link \(hardware\.interconnect\)$"):
+        tp_all_reduce_coefficients(32, 8192.0, None, 2)
+
+
+def test_host_time_messages_and_without_sampling_exactly():
+    from kvsim.simulator.cost_model.host_time import host_preset
+
+    with pytest.raises(ValueError, match=r"^cost_model\.host\.per_seq_s: must be >= 0 seconds \(got -1\.0\)$"):
+        HostTime(per_seq_s=-1.0)
+    with pytest.raises(ValueError, match=r"^cost_model\.host: the sampling share cannot exceed the whole "
+                                         r"\(sampling_per_step_s <= per_step_s, sampling_per_seq_s <= per_seq_s\)$"):
+        HostTime(per_seq_s=1e-5, sampling_per_seq_s=2e-5)
+    with pytest.raises(ValueError, match=r"^unknown host preset 'fast'; allowed: none, vllm-2023-a100 or "
+                                         r"\{per_step_s, per_seq_s\}$"):
+        host_preset("fast")
+    host = HostTime(per_step_s=1e-3, per_seq_s=2e-5, sampling_per_step_s=4e-4, sampling_per_seq_s=5e-6)
+    assert host.without_sampling() == HostTime(per_step_s=1e-3 - 4e-4, per_seq_s=2e-5 - 5e-6)

@@ -449,3 +449,139 @@ def test_hf_config_to_the_moe_shape_section():
     assert hf_moe_shape({"intermediate_size": 14336}) is None  # dense
     with pytest.raises(ValueError, match="mlp_only_layers"):
         hf_moe_shape({**qwen, "mlp_only_layers": [0, 5]})
+
+
+# --- the edges a mutation campaign found unchecked (mutation/README.md) -----------------------
+
+def small_moe_model():
+    """4 layers (the first dense), hidden 512, 16 experts of 256 (2 per token), a shared expert of 256, bf16."""
+    return validate_config({**raw(), "model": {"name": "mine", "shape": {
+        "num_layers": 4, "hidden_size": 512, "num_heads": 8, "num_kv_heads": 2, "intermediate_size": 1024,
+        "vocab_size": 1000, "context_len_tokens": 4096, "moe": {
+            "num_experts": 16, "experts_per_token": 2, "expert_intermediate_size": 256,
+            "shared_expert_intermediate_size": 256, "dense_layers": 1}}}}).model.spec
+
+
+SMALL_EXPERT = 3 * 512 * 256  # gate, up, down of 512 x 256 (the shared expert is the same size)
+SMALL_ROUTER = 512 * 16
+
+
+def test_moe_spec_bounds_and_messages():
+    from kvsim.simulator.cost_model.moe import MoESpec
+
+    for ok in (MoESpec(4, 1, 1), MoESpec(4, 4, 8), MoESpec(4, 2, 8, shared_ffn_size=0, dense_layers=0)):
+        assert ok.moe_layers(10) == 10 - ok.dense_layers
+    with pytest.raises(ValueError, match=r"^experts_per_token \(5\) must be from 1 to num_experts \(4\)$"):
+        MoESpec(4, 5, 8)
+    for bad in ({"expert_ffn_size": 0}, {"shared_ffn_size": -1}, {"dense_layers": -1}):
+        with pytest.raises(ValueError, match=r"^expert_ffn_size must be >= 1, shared_ffn_size and dense_layers >= 0$"):
+            MoESpec(**{"num_experts": 4, "experts_per_token": 2, "expert_ffn_size": 8, **bad})
+
+
+def test_hf_moe_shape_keys_and_messages():
+    from kvsim.simulator.cost_model.moe import hf_moe_shape
+
+    with pytest.raises(ValueError, match=r"^config\.json: num_experts_per_tok / moe_intermediate_size: missing for "
+                                         r"a MoE model$"):
+        hf_moe_shape({"num_experts": 64, "moe_intermediate_size": 1408})  # no experts per token
+    dense_between = (r"^config\.json: mlp_only_layers / decoder_sparse_step: dense layers between MoE layers are not "
+                     r"modelled \(only the first layers: first_k_dense_replace\)$")
+    with pytest.raises(ValueError, match=dense_between):
+        hf_moe_shape({"num_experts": 64, "num_experts_per_tok": 4, "moe_intermediate_size": 1408,
+                      "decoder_sparse_step": 2})
+    # Qwen1.5/2-MoE: one shared expert given by its own intermediate size
+    qwen2 = {"num_experts": 60, "num_experts_per_tok": 4, "moe_intermediate_size": 1408,
+             "shared_expert_intermediate_size": 5632}
+    assert hf_moe_shape(qwen2)["shared_expert_intermediate_size"] == 5632
+    assert "expert_bytes_per_param" not in hf_moe_shape({**qwen2, "quantization_config": {"quant_method": "fp8"}})
+
+
+def test_mlp_params_gated_and_not():
+    from kvsim.simulator.cost_model.moe import mlp_params
+
+    assert mlp_params(10, 20, True) == 600 and mlp_params(10, 20, False) == 400
+
+
+def test_grouped_gemm_rows_at_one_pair_and_no_experts():
+    assert grouped_gemm_rows(1, 1, 16) == 16  # one row: one whole tile
+    assert grouped_gemm_rows(5, 0, 16) == 0  # no expert touched: nothing computed
+
+
+def test_moe_weights_with_shared_experts_by_hand():
+    from kvsim.simulator.cost_model.moe import moe_weight_bytes, moe_weight_bytes_per_gpu
+
+    m = small_moe_model()
+    # 3 MoE layers; TP 2 without EP: half of each of 16 experts, half the shared expert, the router whole
+    per_gpu = 3 * (16 * SMALL_EXPERT * 2 / 2 + (SMALL_ROUTER + SMALL_EXPERT / 2) * 2)
+    assert moe_weight_bytes_per_gpu(m, ExpertGroup(2, 1, False)) == pytest.approx(per_gpu, rel=1e-15)
+    assert moe_weight_bytes(m) == 3 * (16 * SMALL_EXPERT * 2 + (SMALL_ROUTER + SMALL_EXPERT) * 2)
+
+
+def test_roofline_layer_with_shared_experts_under_tensor_parallelism_by_hand():
+    m, g = small_moe_model(), ExpertGroup(2, 1, False)
+    touched = 16 * (1 - (14 / 16) ** 4)  # 4 tokens, 2 of 16 experts each: 6.62 experts, ~1.2 rows each
+    rows = touched * 16  # one tile of 16 rows per expert
+    flops = 2 * rows * SMALL_EXPERT / 2 + 2 * 4 * SMALL_ROUTER + 2 * 4 * SMALL_EXPERT / 2  # experts, router, shared
+    nbytes = touched * SMALL_EXPERT * 2 / 2 + (SMALL_ROUTER + SMALL_EXPERT / 2) * 2
+    assert moe_roofline_layer_s(m, g, 4, flops_per_s=1e9, bytes_per_s=1e18) == pytest.approx(flops / 1e9, rel=1e-12)
+    assert moe_roofline_layer_s(m, g, 4, flops_per_s=1e18, bytes_per_s=1e9) == pytest.approx(nbytes / 1e9, rel=1e-12)
+    assert moe_roofline_layer_s(QWEN, ExpertGroup(), 0, 1e15, 1e12) == 0.0  # an empty step reads nothing
+
+
+@pytest.mark.parametrize("tokens,tile", [(128, 16), (200, 64)])
+def test_roofline_tile_is_16_rows_up_to_the_expert_count_then_64(tokens, tile):
+    touched = expected_experts_touched(tokens, 8, 128)  # 8-12.5 rows per expert: one tile either way
+    flops = 2 * touched * tile * 3 * 2048 * 768 + 2 * tokens * ROUTER
+    t = moe_roofline_layer_s(QWEN, ExpertGroup(), tokens, flops_per_s=1e12, bytes_per_s=1e18)
+    assert t == pytest.approx(flops / 1e12, rel=1e-12)
+
+
+def test_collectives_need_a_link_only_across_engines():
+    assert ep_collectives_s(QWEN, ExpertGroup(2, 1, True), None, 4) == 0.0  # one engine: no link needed
+    with pytest.raises(ValueError, match=r"^data-parallel MoE over 2 engines needs a GPU-to-GPU link "
+                                         r"\(hardware\.interconnect\)$"):
+        ep_collectives_s(QWEN, ExpertGroup(1, 2, True), None, 4)
+    assert MoeRoofline(QWEN, ExpertGroup(2, 1, False), 1e15, 1e12, None).communication_coefficients() == (0.0, 0.0)
+
+
+def test_moe_table_message_and_counts_at_the_grid_edges():
+    with pytest.raises(ValueError, match=r"^moe table: an activated_experts value with no measured time$"):
+        MoeTable(MoeGrid((1, 2), (8, 16), (1e-5, None, 2e-5, None)))
+    seen = []
+    table = MoeTable(moe_grid(), count=lambda axis, side: seen.append((axis, side)))
+    table.time(1, 8)  # the grid's first point
+    table.time(1.5, 8)  # inside the 8-expert column
+    table.time(1.5, 12)  # below the 16-expert column's start (2 tokens), inside the triangle: not counted
+    assert seen == []
+    assert table.time(0.5, 8) == pytest.approx(50.2297e-6)  # below every column: clamped, counted below
+    assert seen == [("moe_tokens", -1)]
+    seen.clear()
+    table.time(4096, 16)  # on a measured experts column: the next column is not looked up
+    assert seen == [("moe_tokens", 1)]
+
+
+def test_profiled_moe_edges():
+    g, seen = moe_grid(), []
+    p = MoeProfiled(g, QWEN, ExpertGroup(), None, count=lambda axis, side: seen.append((axis, side)))
+    assert p.compute_s(0) == 0.0 and seen == []
+    t = p.compute_s(4096)
+    assert seen == [("moe_tokens", 1)]  # above the grid, counted
+    assert p.compute_s(4096) == t and seen == [("moe_tokens", 1)]  # the same step again: from the cache
+    with pytest.raises(ValueError, match=r"^model mine: a profiled MoE model with dense MLP layers \(1\) is not "
+                                         r"supported \(the profile's layers have no MLP\)$"):
+        MoeProfiled(g, small_moe_model(), ExpertGroup(), None)
+
+
+def test_profiled_moe_cache_holds_65536_steps_then_starts_again():
+    """A step size looked up again is answered from the cache (counted once) until 65,536 sizes are
+    held; the next new size clears it, so the first size is looked up, and counted, again."""
+    seen = []
+    p = MoeProfiled(moe_grid(), QWEN, ExpertGroup(), None, count=lambda axis, side: seen.append(side))
+    first = 4096  # above the grid: every new size is counted
+    for tokens in range(first, first + 65536):
+        p.compute_s(tokens)
+    p.compute_s(first)
+    assert len(seen) == 65536  # still cached
+    p.compute_s(first + 65536)  # the 65,537th size: the cache starts again
+    p.compute_s(first)
+    assert len(seen) == 65538
