@@ -7,6 +7,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+#: a quickstart-named experiment of five tiny requests (the CLI output and write-rule tests)
+TINY = {
+    "name": "quickstart",
+    "seed": 0,
+    "model": {"name": "llama-2-7b"},
+    "workload": {"arrivals": {"kind": "poisson", "rate": 5.0},
+                 "lengths": {"kind": "fixed", "prompt_tokens": 32, "output_tokens": 8}, "num_requests": 5},
+}
+
 
 def sharegpt_config(tmp_path: Path, *, name: str, model: str, gpu: str, rate: float,
                     num_requests: int, cost_model: dict, scheduler: dict | None = None,

@@ -17,18 +17,12 @@ import pandas as pd
 import pytest
 import yaml
 from rich.console import Console
+from run_configs import TINY
 
 from kvsim.simulator.cli import main, rates_table, summary_table, sweep_table
 from kvsim.simulator.display import fmt_cell, fmt_number
 from kvsim.simulator.results import MARKER, RUN_INFO
 
-TINY = {
-    "name": "quickstart",
-    "seed": 0,
-    "model": {"name": "llama-2-7b"},
-    "workload": {"arrivals": {"kind": "poisson", "rate": 5.0},
-                 "lengths": {"kind": "fixed", "prompt_tokens": 32, "output_tokens": 8}, "num_requests": 5},
-}
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 

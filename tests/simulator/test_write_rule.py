@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from run_configs import TINY
 
 import kvsim.simulator.reproduce as rp
 from kvsim.simulator.cli import main
@@ -28,13 +29,6 @@ from kvsim.simulator.outputs import (
 )
 from kvsim.simulator.sweep import SweepResult
 
-TINY = {
-    "name": "quickstart",
-    "seed": 0,
-    "model": {"name": "llama-2-7b"},
-    "workload": {"arrivals": {"kind": "poisson", "rate": 5.0},
-                 "lengths": {"kind": "fixed", "prompt_tokens": 32, "output_tokens": 8}, "num_requests": 5},
-}
 TRACE = "arrival_time,prompt_tokens,output_tokens\n0.0,10,5\n0.5,20,6\n1.0,30,7\n"
 TRACE_ARGS = ["--format", "generic", "--columns", "arrival_time,prompt_tokens,output_tokens"]
 VIDUR = PROFILES_DIR / "a100-llama-3-8b.vidur" / "data/profiling/compute/a100/meta-llama/Meta-Llama-3-8B"
