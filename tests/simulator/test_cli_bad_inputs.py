@@ -166,7 +166,7 @@ CASES = [
      "--columns", "arrival_time,prompt_tokens,output_tokens"], ["abc"]),
     ("trace plot to a missing folder", {"t.csv": TRACE}, ["trace", "plot", "t.csv", "--format", "generic",
      "--columns", "arrival_time,prompt_tokens,output_tokens", "-o", "no/such/dir/x.png"], ["no/such/dir"]),
-    # --- issue 36: bounds with physical meaning (a word starting with "!" must not appear)
+    # --- bounds with physical meaning (a word starting with "!" must not appear)
     ("rate near 0", {}, run_cfg("workload.arrivals.rate=1e-300"), ["workload", "at most 1e7 s", "raise the rate"]),
     ("rate_scale near 0", {}, run_cfg("workload.rate_scale=1e-300"), ["rate_scale", "at most 1e7 s"]),
     ("rate_scale stretches a trace", {"t.csv": TRACE}, run_cfg(*TRACE_SET, "workload.rate_scale=1e-300"),
@@ -260,7 +260,7 @@ CASES = [
      ["3000 x 3000 = 9,000,000 points", "at most 100,000"]),
     ("--workers -3", {}, ["sweep", "ok.yaml", "--grid", "seed=1,2", "--workers", "-3"],
      ["argument --workers: expected a number >= 1, got -3"]),
-    # --- issue 36: --set errors name --set, not a line of the base file
+    # --- --set errors name --set, not a line of the base file
     ("--set of one key", {}, run_cfg("workload.arrivals.rate=-1"),
      ["--set: workload.arrivals.rate: Input should be greater than 0", "!ok.yaml", "!poisson"]),
     ("--set of a section", {}, run_cfg("workload.arrivals={kind: poisson, rate: -1}"),
