@@ -22,10 +22,12 @@ $(VENV)/.dev: $(VENV)/.installed
 run: $(VENV)/.installed
 	$(KVSIM) run configs/quickstart.yaml --run quickstart
 
+# The suite runs on every core (pytest-xdist; TEST_WORKERS=1 runs it in one process).
+TEST_WORKERS ?= auto
 test: $(VENV)/.dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports --no-cache
-	TRITON_INTERPRET=1 $(PY) -m pytest
+	TRITON_INTERPRET=1 $(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal
 
 # The property tests at 50x the cases, from a fresh random seed (printed; SEED=N repeats a
 # run); every failure is saved in tests/hypothesis-failures/, which `make test` replays.

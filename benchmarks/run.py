@@ -1,7 +1,7 @@
 """``make bench``: wall time, simulated tokens per wall second and peak RSS per case.
 
 Each case runs in its own process so its peak RSS is its own (``os.wait4``).
-Cases (issue "Simulator speed"):
+Cases:
 
 a. the full Azure conv trace (19,366 requests) on Llama-2-70B, TP 2, A100-80GB,
    paged blocks of 16, max_num_seqs 128, max_num_batched_tokens 4096;
@@ -11,8 +11,8 @@ d. 10,000 / 100,000 / 1,000,000 Poisson requests with ShareGPT-like lengths,
    streamed from the generator (Llama-2-7B, one A100-80GB, 5 req/s);
 val. the replay ``kvsim validate`` runs on the shipped real vLLM run (300 requests with token
    ids, vllm-v1, profiled cost model), exactly as the command runs it (one step-table row per
-   iteration, for its per-second curves): issue 19 asks for well under a second;
-moon16 / moon256. (issue 21, prefix-caching speed) the whole Mooncake synthetic trace (3,993
+   iteration, for its per-second curves): the target is well under a second;
+moon16 / moon256. (prefix-caching speed) the whole Mooncake synthetic trace (3,993
    requests, 61M prompt tokens, 22.5M distinct) on vLLM v1's prefix cache, blocks of 16 / 256
    tokens, with a KV budget that evicts nothing (targets: <= 1 s and <= 300 MB; 16 within
    1.5x of 256);
@@ -174,7 +174,7 @@ README_ROWS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("replay of a measured vLLM run (300 requests, `kvsim validate`, vllm-v1)", ("val",)),
 )
 
-# The prefix-caching speed table (issue 21), printed after the README's "Speed" table.
+# The prefix-caching speed table, printed after the README's "Speed" table.
 PREFIX_CACHE_ROWS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Mooncake synthetic trace (3,993 requests, 61M prompt tokens), vllm-v1 prefix cache "
      "evicting nothing, block 16 / 256", ("moon16", "moon256")),
@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\nREADME (Speed):\n")
     print(readme_table(measured))
     if any(c in measured for _, cases in PREFIX_CACHE_ROWS for c in cases):
-        print("\nPrefix caching (issue 21):\n")
+        print("\nPrefix caching:\n")
         print(readme_table(measured, PREFIX_CACHE_ROWS, PREFIX_CACHE_PER_REQUEST))
     return 0
 

@@ -7,7 +7,8 @@ counts the interpreter, the CLI, the config and the trace, and not the run itsel
 outputs. Reported per try: CPU seconds of the process by then (``getrusage``: close to the
 idle single-core wall time on a shared machine) and wall seconds since the parent spawned it,
 best of ``--repeat``; and which heavy libraries were already loaded (the run path loads
-pandas, pyarrow and matplotlib only after the run, to write and draw its results).
+pandas, pyarrow and matplotlib only after the run, to write and draw its results, and rich
+only to print: a quiet run, as measured here, or one logged to a file draws no bar).
 
 Usage: ``python -m benchmarks.startup [--repeat N]``.
 """
@@ -25,7 +26,7 @@ PROBE = """
 import json, os, resource, sys, time
 from kvsim.simulator.engine import Simulation
 
-HEAVY = ("pandas", "pyarrow", "matplotlib", "scipy")
+HEAVY = ("pandas", "pyarrow", "matplotlib", "scipy", "rich")
 
 def first_event(self):
     ru = resource.getrusage(resource.RUSAGE_SELF)

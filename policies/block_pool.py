@@ -162,7 +162,7 @@ class QueuedBlockPool(BlockPool):
     What a free block *holds* (a cached identity) is its owner's business: the pool
     only orders blocks and counts holders. The books' check is the base pool's.
 
-    Cost (issue 21): the refcounts are 32-bit ints in an ``array`` (one item read or
+    Cost: the refcounts are 32-bit ints in an ``array`` (one item read or
     written from Python as fast as a list's, 4 bytes a block instead of a list slot), so
     that a whole block table is released, or a whole prefix hit held, with a few numpy
     calls on a view of the same memory: the work per block is C's, and the Python work

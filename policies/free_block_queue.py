@@ -9,8 +9,8 @@ middle. The queue order is therefore the eviction order.
 
 vLLM's doubly linked list makes each of those O(1) per block, but one Python operation per
 block too. Here releasing a whole table, taking ``n`` blocks from the head and taking a
-hit's blocks out of the middle are each a few numpy calls (issue 21: the cost follows the
-event, not its blocks)::
+hit's blocks out of the middle are each a few numpy calls (the cost follows the event,
+not its blocks)::
 
     head                                                                     tail
     _fresh: range(a, b)       _buf[_head:_tail]: [ 9, 4, 7, 12, 7, 3 ]  (int32)

@@ -97,7 +97,7 @@ class RunWeights:
 
     def __init__(self, steps: int, first: float, slope: float) -> None:
         # Written out, not generated: the fast path builds one per run, and the generated
-        # ``__init__`` plus a ``__post_init__`` cost a call more (issue 17, make bench).
+        # ``__init__`` plus a ``__post_init__`` cost a call more.
         self.steps, self.first, self.slope = steps, first, slope
         self.total = self.elapsed(steps)
 

@@ -57,7 +57,7 @@ until evicted in turn, as in any chain-blind policy.
 
 Memory classes: a cached free block is free (reusable), as in the v0 cache.
 
-Cost (issue 21): the work a request's arrival, admission and finish do is one call each on
+Cost: the work a request's arrival, admission and finish do is one call each on
 whole runs of blocks, not a Python call per block: identities are interned a run of
 consecutive keys at a time (``policies.key_chain``); the cache index, both ways, is two
 arrays indexed by key and by block (``policies.dense_map``: 8 bytes an entry instead of

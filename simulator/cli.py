@@ -23,11 +23,12 @@ import argparse
 import re
 import sys
 from pathlib import Path
-
-from rich.console import Console
-from rich.table import Table
+from typing import TYPE_CHECKING
 
 from kvsim.simulator.display import fmt_cell, fmt_number, group_reasons
+
+if TYPE_CHECKING:  # rich loads when a command prints: a quiet run starts without it
+    from rich.table import Table
 
 HEADLINE = (
     ("completed", "requests completed", "{:.0f}"),
@@ -54,6 +55,8 @@ HEADLINE = (
 
 
 def summary_table(summary: dict, title: str) -> Table:
+    from rich.table import Table
+
     table = Table(title=title, show_header=True, header_style="bold", caption="summary.json keys: the label's words (mean_ttft_ms), else shown dim")
     table.add_column("metric")
     table.add_column("value", justify="right")
@@ -99,11 +102,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         cfg = cfg.model_copy(update={"output_dir": args.out})
     run_dir = default_run_dir(cfg, args.run)  # a bad --run name fails here
     check_writable(run_dir)  # before simulating: a long run must not end in a write error
-    console = Console()
-    stderr = Console(stderr=True, quiet=args.quiet)
-    with RunProgress(cfg.name, expected_requests(cfg), console=stderr,
+    with RunProgress(cfg.name, expected_requests(cfg), quiet=args.quiet,
                      total_sim_s=expected_duration_s(cfg)) as progress:
         result = run_experiment(cfg, base_dir, progress=progress)
+    from rich.console import Console
+
+    console = Console()
     run_dir = write_run(result, run_dir, plot=not args.no_plot)
     console.print(summary_table(result.summary, f"{cfg.name}  ({result.wall_s:.2f} s wall)"))
     for line in reason_lines(result.summary):
@@ -149,6 +153,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     spec = load_sweep(args.sweep, grid=args.grid or [], zip_axes=args.zip or [], set_=args.set or [],
                       name=args.name, output_dir=args.out,
                       find_rate=_parse_find_rate(args.find_rate) if args.find_rate else None)
+    from rich.console import Console
+
     console = Console(width=None if sys.stdout.isatty() else 160)  # a log file gets whole rows
     points = expand_points(spec)
     if args.dry_run:
@@ -203,6 +209,8 @@ SWEEP_COLUMNS = (
 
 def sweep_table(table, params, title: str, max_rows: int = 40, show_system: bool = True) -> Table:
     """The first ``max_rows`` rows of a sweep: system, varied values, status, headline metrics."""
+    from rich.table import Table
+
     t = Table(title=title, header_style="bold")
     for col in ("run", *(["system"] if show_system else []), *params, "status"):
         t.add_column(col.rsplit(".", 1)[-1], no_wrap=True)
@@ -224,6 +232,8 @@ def _text(value) -> str:
 
 
 def rates_table(rates, title: str) -> Table:
+    from rich.table import Table
+
     t = Table(title=title, header_style="bold")
     for col in ("system", "sustainable rate", "search", "bracket", "runs"):
         t.add_column(col, no_wrap=True)
@@ -250,6 +260,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     if unknown:
         raise UsageError(f"--only {', '.join(unknown)}: unknown experiment; choose from "
                          f"{', '.join(e.key for e in EXPERIMENTS)}")
+    from rich.console import Console
+
     console = Console()
     if args.dry_run:
         from kvsim.simulator.reproduce import run_experiments

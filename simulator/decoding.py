@@ -93,7 +93,7 @@ def prefix_contents(request: Request, block_size: int, *, with_output: bool = Fa
     Tokens after the shared part are unique. Why ints and bytes rather than tuples or a
     digest per block: they are built a whole prompt at a time in C (numpy, ``array``), compare
     at C speed in the key chain's slice comparisons, and hold a third of a tuple's memory;
-    a digest chain cost a hash call per block (issue 21: the multi-turn bench's top item).
+    a digest chain costs a hash call per block (the top item of a profile of the multi-turn bench).
 
     ``with_output``: when the request also knows its answer (``output_token_ids``), the
     names go on past the prompt over the generated tokens (prompt + answer), so a later

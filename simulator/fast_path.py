@@ -51,7 +51,7 @@ INF = float("inf")
 _new = tuple.__new__
 """``_new(Run, fields)``: a named tuple from a tuple of its fields. Every engine step builds a
 :class:`Run` and a :class:`RunEnd`; this C call costs half their generated ``__new__`` and
-about two thirds of a slotted dataclass's ``__init__`` (timeit, issue 17)."""
+about two thirds of a slotted dataclass's ``__init__`` (timeit)."""
 
 
 class ReplicaView(Protocol):

@@ -45,6 +45,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: no advisory locks
+    fcntl = None  # type: ignore[assignment]
+
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 """A safe name: letters, digits, '.', '_', '-', starting with a letter or digit (so never
 '.', '..' or hidden), no separators, at most 128 characters."""
@@ -200,9 +205,25 @@ def write_file(path: Path) -> Iterator[Path]:
         yield tmp
         check_file(path)  # again: something may have appeared while we wrote
     if not is_kvsim_folder(path.parent):
-        listed = {**_manifest(path.parent), path.name: _sha256(path)}
-        with atomic_write(path.parent / MANIFEST) as tmp:
-            tmp.write_text("".join(f"{digest}  {name}\n" for name, digest in sorted(listed.items())))
+        with _folder_locked(path.parent):  # two writers in one folder: neither loses the other's line
+            listed = {**_manifest(path.parent), path.name: _sha256(path)}
+            with atomic_write(path.parent / MANIFEST) as tmp:
+                tmp.write_text("".join(f"{digest}  {name}\n" for name, digest in sorted(listed.items())))
+
+
+@contextmanager
+def _folder_locked(folder: Path) -> Iterator[None]:
+    """Hold an exclusive advisory lock (``flock``) on ``folder`` itself, so that no lock file is
+    added to the user's folder; the kernel drops it if the process dies. No-op without fcntl."""
+    if fcntl is None:  # pragma: no cover - Windows
+        yield
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor drops the lock
 
 
 @contextmanager

@@ -1,6 +1,6 @@
 """vLLM's block cache vs SGLang's radix cache on three workloads: the table and the plot.
 
-The experiment of issue 20 (``configs/sglang_vs_vllm/``): each workload config
+The experiment of ``configs/sglang_vs_vllm/``: each workload config
 (``mooncake.yaml``, ``multi_turn.yaml`` with and without a small KV cache, ``fewshot.yaml``) runs under each system of
 :data:`SYSTEMS` (config overrides, so the table comes from the shipped configs and nothing
 else), and one row per (workload, system) records:
@@ -38,7 +38,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from kvsim.simulator.config import load_config  # noqa: E402
-from kvsim.simulator.outputs import atomic_write, claim_folder  # noqa: E402
+from kvsim.simulator.outputs import OutputError, atomic_write, claim_folder  # noqa: E402
 from kvsim.simulator.runner import run_experiment  # noqa: E402
 from kvsim.simulator.shipped_configs import CONFIG_DIR as SHIPPED
 
@@ -154,7 +154,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=Path("results/sglang_vs_vllm"))
     parser.add_argument("--tiny", action="store_true", help=f"first {TINY_REQUESTS} requests per workload")
     args = parser.parse_args(argv)
-    claim_folder(args.out)  # kvsim's, or refused before anything runs (simulator.outputs)
+    try:
+        claim_folder(args.out)  # kvsim's, or refused before anything runs (simulator.outputs)
+    except OutputError as e:
+        raise SystemExit(f"error: {e}") from None
     df = run_comparison(tiny=args.tiny)
     with atomic_write(args.out / "table.csv") as tmp:
         df.to_csv(tmp, index=False)

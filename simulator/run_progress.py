@@ -20,12 +20,15 @@ simulation runs as fast with progress as without it.
 from __future__ import annotations
 
 import math
+import sys
 import threading
 import time
 from types import TracebackType
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+if TYPE_CHECKING:  # rich loads only to draw a bar: a quiet or logged run starts without it
+    from rich.console import Console
+    from rich.progress import Progress
 
 
 class RunProgress:
@@ -33,15 +36,22 @@ class RunProgress:
 
     ``total``: requests the run will end; else ``total_sim_s``, the simulated seconds it will
     span (the bar then follows the clock); neither: the bar only counts. ``console``: where
-    to draw (default: stderr): a bar on a terminal (``enabled``), else a line every
-    ``line_every_s`` (``lines``); nothing when quiet.
+    to draw (default: stderr, unless ``quiet``): a bar on a terminal (``enabled``), else a line
+    every ``line_every_s`` (``lines``); nothing when quiet.
     """
 
     def __init__(self, name: str, total: int | None, console: Console | None = None,
-                 interval_s: float = 0.25, total_sim_s: float | None = None, line_every_s: float = 5.0):
-        self.console = console or Console(stderr=True)
-        self.enabled = self.console.is_terminal and not self.console.quiet
-        self.lines = not self.console.is_terminal and not self.console.quiet
+                 interval_s: float = 0.25, total_sim_s: float | None = None, line_every_s: float = 5.0,
+                 quiet: bool = False):
+        if console is None and not quiet and sys.stderr.isatty():
+            from rich.console import Console
+
+            console = Console(stderr=True)
+        self.console = console  # None: plain lines on stderr, or nothing when quiet
+        quiet = quiet or (console is not None and console.quiet)
+        terminal = console.is_terminal if console is not None else False
+        self.enabled = terminal and not quiet
+        self.lines = not terminal and not quiet
         self.name = name
         self.total = total
         self.total_sim_s = total_sim_s
@@ -55,6 +65,14 @@ class RunProgress:
         self._thread: threading.Thread | None = None
         self.bar: Progress | None = None
         if self.enabled:
+            from rich.progress import (
+                BarColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+
             self.bar = Progress(
                 TextColumn("[bold]simulating {task.description}"), BarColumn(),
                 TextColumn("{task.fields[done]:,}{task.fields[of]} requests"),
@@ -103,7 +121,10 @@ class RunProgress:
                 f"{clock(elapsed)} elapsed{eta}")
 
     def _print_line(self, done_now: bool = False) -> None:
-        self.console.print(self.line(done_now), markup=False, highlight=False, soft_wrap=True)
+        if self.console is None:
+            print(self.line(done_now), file=sys.stderr, flush=True)
+        else:
+            self.console.print(self.line(done_now), markup=False, highlight=False, soft_wrap=True)
         self.lines_printed += 1
 
     def _poll(self) -> None:

@@ -85,8 +85,8 @@ STEP_COLUMNS = StepRow._fields
 step_row: Callable[[tuple], StepRow] = partial(tuple.__new__, StepRow)
 """``step_row(values)``: a :class:`StepRow` from a tuple of its fields in ``STEP_COLUMNS``
 order. ``StepRow(...)`` goes through the named tuple's generated ``__new__``, a Python
-function of 27 arguments: about three times the cost of this C call (timeit, issue 17:
-~1.4 µs against ~0.5 µs a row)."""
+function of 27 arguments: about three times the cost of this C call (timeit it to
+check on your machine)."""
 FLOAT_COLUMNS = ("start_s", "duration_s", "batched_requests", "swap_s", "unshared_slots") + CLASSES
 COUNTERS = ("iterations", "prefill_tokens", "recompute_tokens", "cached_tokens", "decode_tokens",
             "preempted_swap", "preempted_recompute", "aborted", "swap_out_slots", "swap_in_slots", "swap_s",

@@ -109,6 +109,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--results", type=Path, default=Path("results"),
                         help="the sweeps' output folder (default: results)")
     args = parser.parse_args(argv)
+    missing = [t.sweep for t in TABLES if not (args.results / t.sweep / "sweep.csv").is_file()]
+    if missing:
+        raise SystemExit(f"error: no {' or '.join(str(args.results / m / 'sweep.csv') for m in missing)}: run "
+                         + " and ".join(f"kvsim sweep configs/tiers/sweep_{m.removeprefix('tiers-').replace('-', '_')}"
+                                        f".yaml" for m in missing) + " first (or give --results)")
     for table in TABLES:
         df = pd.read_csv(args.results / table.sweep / "sweep.csv")
         print(f"{table.sweep} ({table.eviction}):\n{markdown(df, table)}\n")

@@ -16,9 +16,7 @@ import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-
-from rich.console import Console
-from rich.table import Table
+from typing import TYPE_CHECKING
 
 from kvsim.simulator.outputs import write_file
 from kvsim.simulator.workload import resolve_data_path
@@ -27,6 +25,9 @@ from kvsim.traces.fields import TIME_UNITS
 from kvsim.traces.formats import NAMED_FORMATS, TraceFormat, file_type_of, generic_format
 from kvsim.traces.plots import plot_trace
 from kvsim.traces.stats import trace_stats
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 FORMATS = ("auto", *NAMED_FORMATS, "generic")
 
@@ -124,6 +125,8 @@ def run_trace_stats(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(stats, indent=2))
     else:
+        from rich.console import Console
+
         Console().print(stats_table(stats, title=str(path)))
     return 0
 
@@ -181,6 +184,8 @@ _ROWS = (
 
 def stats_table(stats: dict, title: str = "") -> Table:
     """A rich table of :func:`trace_stats` output; undefined values show as n/a."""
+    from rich.table import Table
+
     table = Table(title=title)
     table.add_column("statistic")
     table.add_column("value", justify="right")

@@ -37,7 +37,8 @@ TARGETS: tuple[tuple[str, float], ...] = (
     ("makespan_s", 3.0), ("ttft_mean", 5.0), ("ttft_p50", 5.0), ("tpot_mean", 5.0), ("e2e_mean", 5.0),
     ("ttft_p99", 10.0), ("tpot_p99", 10.0), ("e2e_p99", 10.0),
 )
-"""Issue 19's targets with the profiled cost model: |difference| within this many %."""
+"""kvsim's accuracy targets for a replay with the profiled cost model: |difference| within this
+many %: the run's length tightest, means and medians next, tails (fewer samples) loosest."""
 KV_MAE_TARGET_PP = 5.0
 
 
@@ -221,7 +222,7 @@ def markdown(v: Validation, figures: bool = True) -> str:
         "",
         comparison_table(v),
         "",
-        "## Targets (issue 19, " + v.plan.cost_model + " cost model)",
+        "## Targets (" + v.plan.cost_model + " cost model)",
         "",
     ]
     lines += [_target_line(t) for t in targets(v)]
@@ -262,7 +263,7 @@ def readme_snippet(v: Validation) -> str:
         "",
         comparison_table(v),
         "",
-        f"Issue 19's targets (makespan within 3%; mean and p50 TTFT, mean TPOT and mean E2E within 5%; "
+        f"Accuracy targets (makespan within 3%; mean and p50 TTFT, mean TPOT and mean E2E within 5%; "
         f"p99s within 10%; per-second KV-usage error <= {KV_MAE_TARGET_PP:g} points) met: {len(held)} of "
         f"{len(held) + len(missed)}" + ("" if not missed else " (missed: " + ", ".join(
             f"{t['policy']} {t['metric']}" for t in missed) + ")") + ". "

@@ -1,4 +1,4 @@
-"""The prefix-caching benchmark cases (issue 21, speed): their configs are what the issue
+"""The prefix-caching benchmark cases (speed): their configs are what the targets
 names, and their table prints like the README's."""
 
 import json

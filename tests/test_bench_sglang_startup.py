@@ -1,6 +1,6 @@
 """The SGLang memory bench cases and the start-up bench: their configs are what they say, and
-a run reaches its first event without loading pandas, pyarrow or matplotlib (what start-up
-time the bench reports is not checked here)."""
+a quiet run reaches its first event without loading pandas, pyarrow, matplotlib or rich (what
+start-up time the bench reports is not checked here)."""
 
 import json
 import tempfile

@@ -16,8 +16,7 @@ class Request:
     A value: treat it as read-only (change one with ``dataclasses.replace``); equal and
     hashed by its fields, as a frozen one. Not frozen only because a frozen dataclass sets
     each field through ``object.__setattr__``: ~20,000 instructions to build one against
-    ~4,000 (cachegrind), and every request of a trace is built once (4% of ``make bench``'s
-    d cases, issue 17).
+    ~4,000 (cachegrind), and every request of a trace is built once.
     """
 
     request_id: int

@@ -19,6 +19,7 @@ import csv
 import math
 import re
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 from kvsim.simulator.cost_model.operator_profile import OperatorProfile, write_operator_profile
@@ -29,6 +30,12 @@ def read_rows(path: Path, columns: tuple[str, ...],
               error: type[ValueError]) -> list[dict[str, str]]:
     """The rows of CSV file ``path`` (column -> text); raises ``error`` when the file or one of
     ``columns`` is missing."""
+    return list(iter_rows(path, columns, error))
+
+
+def iter_rows(path: Path, columns: tuple[str, ...], error: type[ValueError]) -> Iterator[dict[str, str]]:
+    """``read_rows`` one row at a time, so a large table (Vidur's) is never held whole; the
+    file and its columns are checked when the first row is asked for."""
     if not path.is_file():
         raise error(f"{path}: missing")
     with path.open(newline="") as f:
@@ -36,7 +43,7 @@ def read_rows(path: Path, columns: tuple[str, ...],
         missing = [c for c in columns if c not in (reader.fieldnames or [])]
         if missing:
             raise error(f"{path}: missing column(s) {', '.join(missing)} (has {reader.fieldnames})")
-        return list(reader)
+        yield from reader
 
 
 def cell_number(row: dict[str, str], col: str, path: Path, line: int, integer: bool,

@@ -30,7 +30,8 @@ What it costs, and why (DESIGN.md "Cost model", mixture-of-experts):
   memory_efficiency))`` with the roofline's own efficiencies (no constant of its own).
   Against the measured block (the RTX PRO 6000 ``moe.csv`` below, Qwen3-30B-A3B, at each
   measured ``(tokens, activated_experts)``; datasheet peaks with the across-profiles fit
-  ``measured-rtx4090-a100``, which saw no MoE kernel) the roofline is fast at every point:
+  ``measured-rtx4090-a100`` as it was then, 0.761 / 1.0, which saw no MoE kernel) the roofline
+  is fast at every point:
   median 31%, from 16% (one token) to 58% (256 tokens on 8 experts): the fused-MoE kernel
   reaches well under the bandwidth the dense GEMMs do. Measured tables, where a profile has
   them, are the better answer; ``tests/simulator/test_moe.py`` checks the formulas by hand.
@@ -75,6 +76,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvsim.simulator.cost_model.interconnect import LinkSpec, link_all_to_all_s
+from kvsim.simulator.cost_model.interpolation import bracket, lerp
 
 if TYPE_CHECKING:  # (only in annotations: the catalogue imports this module)
     from kvsim.simulator.cost_model.catalogue import ModelSpec
@@ -358,13 +360,10 @@ class MoeTable:
     """A ``MoeGrid`` looked up by nested 1-D interpolation: along tokens within each measured
     experts column (the grid is a triangle: ``experts <= tokens x k``), then across the two
     columns that bracket the experts; each axis by the profiled model's rule
-    (``profiled.bracket``: the smallest point's time below the grid, the secant from half the
+    (``interpolation.bracket``: the smallest point's time below the grid, the secant from half the
     largest point to it above). Lookups outside the grid are reported to ``count(axis, side)``."""
 
     def __init__(self, grid: MoeGrid, scale: float = 1.0, count=None):
-        # (profiled imports this module: imported here, when a table is built)
-        from kvsim.simulator.cost_model.profiled import bracket, lerp
-
         self._bracket, self._lerp = bracket, lerp
         self.experts = grid.activated_experts
         cols = [grid.column(j) for j in range(len(self.experts))]

@@ -24,23 +24,47 @@ One YAML file per profile::
           qkv_proj: {tokens: [1, 2, ...], time_us: [20.4, ...]}
         per_sequence:      # once per step, by sequences sampled
           lm_head: {sequences: [1, 2, ...], time_us: [...]}
-        attention:         # one layer's attention on a 4-D grid, C order, null = not measured
+        attention:         # one layer's attention at points of a 4-D grid
           prefill_chunk: [0, 16, ..., 2048]   # new prompt tokens of the prefill chunk
           kv_prefill: [0, 16, ..., 16384]     # tokens cached before the chunk
           n_decode: [0, 1, ..., 256]          # decoding sequences
           kv_decode: [0, 16, ..., 16384]      # tokens each decoding sequence holds
-          time_us: [null, 9.31, ...]
+          time_us: [null, 9.31, ...]          # dense form: the whole product, C order, null = not measured
+          # or, instead of time_us, the sparse form: the measured points only, one column per
+          # axis (values of the axis above) and their times, same length, each point once
+          # points: {prefill_chunk: [16, 16, ...], kv_prefill: [0, 16, ...], n_decode: [0, 0, ...],
+          #          kv_decode: [0, 0, ...], time_us: [9.31, 9.40, ...]}
         moe:               # mixture-of-experts models only: one MoE block (router + experts),
           tokens: [1, 2, ..., 2048]           # C order, null = not measured (simulator.cost_model.moe)
           activated_experts: [8, 16, ..., 128]
           time_us: [50.2, null, ...]
 
 Times are microseconds in the file (as measured) and seconds once read.
+
+The attention grid is held sparse in memory (``AttentionGrid``: the measured points keyed by
+axis indices), and written in whichever form is smaller: ``points`` when five numbers per
+measured point are fewer than the product of the axes' lengths (Vidur's grids: prefill
+points ``(chunk, prefix, 0, 0)`` and decode points ``(0, 0, batch, context)`` only, on axes
+whose product reaches hundreds of millions of cells), else ``time_us``. Both forms read to
+the same grid and the same step times; the shipped profiles are written dense and read as they
+are. The binary copy (``profile_cache``) stores the sparse columns as typed arrays, like any
+long list.
+
+``tp`` may lack degree 1 (Vidur profiles some large models only at degrees above 1); a run
+at a degree the profile lacks then needs degree 1 to scale from (``profiled``).
+
+``model.vocab_size`` is the vocabulary the profiler ran, which may be the model's padded
+(``vidur_import``: Vidur pads Llama-2's 32,000 to 32,768); ``model.unpadded_vocab_size``, when
+present, is the model's own, and ``model.vocab_size_by_tp`` the vocabulary of each degree
+when they differ. ``profiled.check_profile_model`` accepts the model's vocabulary or its
+padding (``padded_vocab_sizes``).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,6 +86,39 @@ _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
+#: sarathi-serve pads the vocabulary of its embedding and LM head to a multiple of this
+VOCAB_PAD_MULTIPLE = 64
+
+
+def padded_vocab_sizes(vocab: int) -> tuple[int, ...]:
+    """The vocabularies a profiler may have run for a model of ``vocab`` tokens: ``vocab``
+    itself, rounded up to a multiple of 64, and rounded up to a power of two (sorted, distinct).
+
+    Sources (microsoft/vidur, microsoft/sarathi-serve on GitHub):
+
+    - Vidur's profiler takes the vocabulary from its own model config
+      (``vidur/profiling/common/model_config.py``: ``ModelConfig.from_model_name`` reads
+      ``data/model_configs/<org>/<model>.yml``) and writes it into ``mlp.csv``'s
+      ``vocab_size`` column (``vidur/profiling/mlp/mlp_wrapper.py``). It computes no padding:
+      the padded value is written in the configs. ``Llama2ModelConfig`` (``vidur/config/
+      model_config.py``: Llama-2-7B, Llama-2-70B, CodeLlama-34B) and
+      ``data/model_configs/meta-llama/Llama-2-70b-hf.yml`` say ``vocab_size: 32768`` for
+      Llama-2's 32,000 tokens: the next power of two. The other configs keep the Hugging Face
+      value (Qwen-72B 152,064, internlm2-20b 92,544, phi-2 51,200, Meta-Llama-3 128,256).
+    - sarathi-serve, whose layers Vidur times, pads the embedding and LM head to a multiple
+      of 64 (``sarathi/model_executor/models/llama.py``:
+      ``vocab_size = ((config.vocab_size + 63) // 64) * 64``; vLLM's
+      ``DEFAULT_VOCAB_PADDING_SIZE = 64`` likewise).
+
+    The vocabulary changes only the embedding table's size (a lookup, not a product) and the
+    LM head, which Vidur does not time: a padded profile times the model's steps.
+    """
+    if vocab < 1:
+        return (vocab,)
+    multiple = -(-vocab // VOCAB_PAD_MULTIPLE) * VOCAB_PAD_MULTIPLE
+    return tuple(sorted({vocab, multiple, 1 << (vocab - 1).bit_length()}))
+
+
 class OperatorProfileError(ValueError):
     """An operator profile is missing, unreadable or malformed (one line: file and key)."""
 
@@ -76,30 +133,57 @@ class Table1D:
 
 @dataclass(frozen=True)
 class AttentionGrid:
-    """One layer's attention time (s) on the product of the four axes; None = not measured."""
+    """One layer's attention time (s) at points of the product of the four axes.
+
+    ``seconds`` holds the measured points only, keyed by their axis indices
+    ``(i, j, k, m)`` in C order (sorted): memory grows with the points measured, not with
+    the product of the axes (Vidur's prefill and decode rows span axes whose product runs to
+    hundreds of millions of cells). A dense sequence over the product in C order, ``None``
+    where not measured (the file's dense form), is accepted too and kept as its measured cells.
+    """
 
     prefill_chunk: tuple[int, ...]
     kv_prefill: tuple[int, ...]
     n_decode: tuple[int, ...]
     kv_decode: tuple[int, ...]
-    seconds: tuple[float | None, ...]  # C order over (prefill_chunk, kv_prefill, n_decode, kv_decode)
+    seconds: Mapping[tuple[int, int, int, int], float]
+
+    def __post_init__(self):
+        shape = self.shape
+        if isinstance(self.seconds, Mapping):
+            cells = sorted(self.seconds.items())
+            for key, _ in cells:
+                if len(key) != 4 or not all(0 <= x < n for x, n in zip(key, shape)):
+                    raise ValueError(f"attention point {key} is outside the axes ({shape} values)")
+        else:
+            dense = tuple(self.seconds)
+            if len(dense) != math.prod(shape):
+                raise ValueError(f"dense attention times: {len(dense)} values for {math.prod(shape)} cells")
+            cells = [(key, t) for key, t in zip(itertools.product(*map(range, shape)), dense) if t is not None]
+        object.__setattr__(self, "seconds", dict(cells))
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        """The number of values on each axis."""
+        return len(self.prefill_chunk), len(self.kv_prefill), len(self.n_decode), len(self.kv_decode)
+
+    @property
+    def cells(self) -> int:
+        """Cells of the product of the axes (what a dense form holds)."""
+        return math.prod(self.shape)
 
     def at(self, i: int, j: int, k: int, m: int) -> float | None:
-        """Seconds at axis indices ``(i, j, k, m)``."""
-        nj, nk, nm = len(self.kv_prefill), len(self.n_decode), len(self.kv_decode)
-        return self.seconds[((i * nj + j) * nk + k) * nm + m]
+        """Seconds at axis indices ``(i, j, k, m)`` (None: not measured)."""
+        return self.seconds.get((i, j, k, m))
 
     def points(self) -> list[tuple[int, int, int, int, float]]:
-        """Every measured point as ``(prefill_chunk, kv_prefill, n_decode, kv_decode, s)``."""
-        out = []
-        for i, pc in enumerate(self.prefill_chunk):
-            for j, kp in enumerate(self.kv_prefill):
-                for k, nd in enumerate(self.n_decode):
-                    for m, kd in enumerate(self.kv_decode):
-                        t = self.at(i, j, k, m)
-                        if t is not None:
-                            out.append((pc, kp, nd, kd, t))
-        return out
+        """Every measured point as ``(prefill_chunk, kv_prefill, n_decode, kv_decode, s)``, in C order."""
+        pc, kp, nd, kd = self.prefill_chunk, self.kv_prefill, self.n_decode, self.kv_decode
+        return [(pc[i], kp[j], nd[k], kd[m], t) for (i, j, k, m), t in self.seconds.items()]
+
+    def sparse_in_file(self) -> bool:
+        """Whether the file's sparse form (five numbers a point) is smaller than the dense one."""
+        return 5 * len(self.seconds) < self.cells
 
 
 @dataclass(frozen=True)
@@ -116,7 +200,7 @@ class TPTables:
 class OperatorProfile:
     name: str
     provenance: dict[str, str]
-    model: dict[str, Any]  # name, variant, architecture and the shapes measured (TP 1)
+    model: dict[str, Any]  # name, variant, architecture and the shapes measured (at TP 1)
     per_layer: dict[str, int]  # dense operator -> times it runs per decoder layer
     per_step: tuple[str, ...]  # dense operators run once per step
     tp_stable: tuple[str, ...]  # operators whose time does not shrink with tensor parallelism
@@ -142,8 +226,7 @@ class OperatorProfile:
                     k: {"sequences": list(v.x), "time_us": us(v.seconds)}
                     for k, v in t.per_sequence.items()
                 },
-                "attention": {**{ax: list(getattr(a, ax)) for ax in ATTENTION_AXES},
-                              "time_us": us(a.seconds)},
+                "attention": {**{ax: list(getattr(a, ax)) for ax in ATTENTION_AXES}, **_attention_times(a, us)},
             }
             if t.moe is not None:
                 tp[degree]["moe"] = {"tokens": list(t.moe.tokens), "activated_experts": list(t.moe.activated_experts),
@@ -157,6 +240,15 @@ class OperatorProfile:
                           "tp_stable": list(self.tp_stable)},
             "tp": tp,
         }
+
+
+def _attention_times(a: AttentionGrid, us) -> dict:
+    """The grid's times in the file: ``points`` (sparse) when smaller, else ``time_us`` (dense)."""
+    if a.sparse_in_file():
+        pts = a.points()
+        return {"points": {**{ax: [p[n] for p in pts] for n, ax in enumerate(ATTENTION_AXES)},
+                           "time_us": us(p[4] for p in pts)}}
+    return {"time_us": us(a.at(*key) for key in itertools.product(*map(range, a.shape)))}
 
 
 def write_operator_profile(profile: OperatorProfile, path: str | Path) -> Path:
@@ -283,9 +375,33 @@ class _Reader(YamlReader):
     def attention(self, d: Any, key: str) -> AttentionGrid:
         d = self.mapping(d, key)
         axes = [self.ints(self.get(d, ax, key), f"{key}.{ax}") for ax in ATTENTION_AXES]
-        size = math.prod(len(a) for a in axes)
-        seconds = self.times(self.get(d, "time_us", key), f"{key}.time_us", size, allow_null=True)
-        return AttentionGrid(*axes, seconds)
+        if ("time_us" in d) == ("points" in d):
+            raise self.fail(key, "expected either time_us (dense) or points (sparse)")
+        if "time_us" in d:
+            size = math.prod(len(a) for a in axes)
+            return AttentionGrid(*axes, self.times(d["time_us"], f"{key}.time_us", size, allow_null=True))
+        pts = self.mapping(d["points"], f"{key}.points")
+        times = self.get(pts, "time_us", f"{key}.points")
+        if not isinstance(times, list) or not times:
+            raise self.fail(f"{key}.points.time_us", "expected a non-empty list of times (us)")
+        n = len(times)
+        seconds = self.times(times, f"{key}.points.time_us", n)
+        columns = []
+        for ax, values in zip(ATTENTION_AXES, axes):
+            k = f"{key}.points.{ax}"
+            col = self.get(pts, ax, f"{key}.points")
+            if not isinstance(col, list) or len(col) != n:
+                raise self.fail(k, f"expected a list of {n} values (one per time)")
+            index = {v: i for i, v in enumerate(values)}
+            ix = [index.get(v) if type(v) is int else None for v in col]
+            if None in ix:
+                bad = col[ix.index(None)]
+                raise self.fail(k, f"{bad!r} is not a value of {key}.{ax}")
+            columns.append(ix)
+        cells = dict(zip(zip(*columns), seconds))
+        if len(cells) != n:
+            raise self.fail(f"{key}.points", "a point is listed more than once")
+        return AttentionGrid(*axes, cells)
 
     def moe(self, d: Any, key: str) -> MoeGrid:
         d = self.mapping(d, key)
@@ -339,8 +455,8 @@ class _Reader(YamlReader):
                 self.attention(self.get(t, "attention", key), f"{key}.attention"),
                 self.moe(t["moe"], f"{key}.moe") if "moe" in t else None,
             )
-        if 1 not in tp:
-            raise self.fail("tp", "a profile must hold tensor-parallel degree 1")
+        if not tp:
+            raise self.fail("tp", "expected at least one tensor-parallel degree")
         name = str(data.get("name") or Path(self.source).stem)
         return OperatorProfile(name, {str(k): str(v) for k, v in prov.items()}, dict(model),
                                {str(k): v for k, v in per_layer.items()}, per_step, tp_stable, tp,

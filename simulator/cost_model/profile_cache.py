@@ -30,7 +30,8 @@ Profiles under :data:`MIN_BYTES` are not copied: they parse in well under 0.1 s.
 Format: one line ``kvsim operator profile cache 1``, one line with the source's SHA-256, one
 line with the length of a JSON header; the header (the data's tree, each long list of numbers
 replaced by a reference to an array, and the arrays' type codes, lengths and byte order); then
-the arrays' bytes. Plain Python (``array``, ``json``): no numpy, no pickle (a cache file is
+the arrays' bytes (an attention grid written sparse, ``operator_profile``'s ``points``, is five
+such lists: four integer columns and the times). Plain Python (``array``, ``json``): no numpy, no pickle (a cache file is
 only ever read as data).
 """
 

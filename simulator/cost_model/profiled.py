@@ -121,7 +121,9 @@ Tensor parallelism: a profile's ``tp<N>`` tables are per-GPU times measured at d
 ``N`` on one GPU (upstream emulates a rank by dividing the model's shapes), so they hold
 no communication. A run at a degree the profile has uses its tables; otherwise the
 degree-1 tables with every sharded operator's time divided by the degree (norms and the
-sampler, ``tp_stable``, are not: ideal sharding, optimistic where launches dominate). In
+sampler, ``tp_stable``, are not: ideal sharding, optimistic where launches dominate); a
+profile without degree 1 (Vidur's of some large models) refuses the degrees it lacks, in one
+line naming those it has (``check_profile_degree``). In
 both cases the model adds the two all-reduces per layer the tables lack (the attention
 output projection's and the MLP down projection's: ``o_proj`` and ``down_proj`` are timed
 without their reduction), each ``2 (n-1)/n x tokens x hidden x dtype_bytes / busbw + latency``
@@ -153,11 +155,12 @@ import statistics
 import sys
 import warnings
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 from kvsim.simulator.cost_model.base import BatchShape, CostModel, Deployment
 from kvsim.simulator.cost_model.catalogue import ModelSpec
+from kvsim.simulator.cost_model.interpolation import bracket, lerp
 from kvsim.simulator.cost_model.moe import ExpertGroup, MoeProfiled
 from kvsim.simulator.cost_model.operator_profile import (
     AttentionGrid,
@@ -165,6 +168,7 @@ from kvsim.simulator.cost_model.operator_profile import (
     OperatorProfileError,
     Table1D,
     find_operator_profile,
+    padded_vocab_sizes,
     read_operator_profile,
 )
 from kvsim.simulator.cost_model.roofline import (
@@ -178,35 +182,6 @@ _CACHE_LIMIT = 65536  # memoised dense/per-sequence times (distinct counts) befo
 
 class ProfileExtrapolationWarning(UserWarning):
     """A step fell outside the profile's measured grid (emitted once per axis and side)."""
-
-
-def bracket(xs: Sequence[float], x: float) -> tuple[int, int, float, int]:
-    """``(i0, i1, w, side)`` with ``y(x) = y[i0] + w * (y[i1] - y[i0])``, piecewise linear.
-
-    ``side`` -1: below the grid (clamped to the first point); +1: above it, extrapolated
-    along the secant from the largest point at or below half the last one to the last (the
-    last two points of a doubling grid; on a dense grid a wide baseline, not the slope of
-    two neighbours' measurement noise); 0: inside.
-    """
-    n = len(xs)
-    if x <= xs[0] or n == 1:
-        side = -1 if x < xs[0] else (1 if x > xs[0] else 0)
-        return 0, 0, 0.0, side
-    if x >= xs[-1]:
-        last = n - 1
-        if x == xs[-1]:
-            return last, last, 0.0, 0
-        i0 = min(last - 1, max(0, bisect.bisect_right(xs, xs[-1] / 2) - 1))
-        return i0, last, (x - xs[i0]) / (xs[-1] - xs[i0]), 1
-    i = bisect.bisect_right(xs, x)
-    return i - 1, i, (x - xs[i - 1]) / (xs[i] - xs[i - 1]), 0
-
-
-def lerp(xs: Sequence[float], ys: Sequence[float], x: float) -> tuple[float, int]:
-    """Piecewise-linear ``y(x)`` through the points, and the side (see ``bracket``)."""
-    i0, i1, w, side = bracket(xs, x)
-    y0 = ys[i0]
-    return (y0 + w * (ys[i1] - y0) if w else y0), side
 
 
 def load_profile(profile: str | Path, base_dir: str | Path | None = None) -> OperatorProfile:
@@ -278,7 +253,8 @@ class _Attention:
 
     Innermost the decode context, then decoding sequences, cached prefix, prefill chunk;
     each axis uses only the values measured on its line (the grid has holes: upstream did
-    not time 256 decoding sequences next to a prefill chunk). ``0`` on the chunk and
+    not time 256 decoding sequences next to a prefill chunk). Built from the grid's measured
+    points alone (it is sparse), in time and memory proportional to them. ``0`` on the chunk and
     sequence axes means "none" and is never interpolated towards (1..15 prefill tokens
     cost what 16 do). Only the two bracketing points of each axis are evaluated.
     """
@@ -291,26 +267,24 @@ class _Attention:
         # (i, j) -> time with no decode; (i, j) -> (decode counts, their context lines)
         self.alone: dict[tuple[int, int], float] = {}
         self.decode: dict[tuple[int, int], tuple[tuple[int, ...], list[tuple[tuple[int, ...], tuple[float, ...]]]]] = {}
-        for i in range(len(pcs)):
-            for j in range(len(kps)):
-                counts, lines = [], []
-                for k, nd in enumerate(nds):
-                    pts = [(kd, t * scale) for m, kd in enumerate(kds)
-                           if (t := g.at(i, j, k, m)) is not None and (nd == 0) == (kd == 0)]
-                    if not pts:
-                        continue
-                    if nd == 0:
-                        self.alone[(i, j)] = pts[0][1]
-                    else:
-                        counts.append(nd)
-                        lines.append((tuple(p[0] for p in pts), tuple(p[1] for p in pts)))
-                if counts:
-                    self.decode[(i, j)] = (tuple(counts), lines)
+        lines: dict[tuple[int, int], dict[int, list[tuple[int, float]]]] = {}
+        for (i, j, k, m), t in g.seconds.items():  # the measured points, in C order
+            nd, kd = nds[k], kds[m]
+            if (nd == 0) != (kd == 0):  # decodes without a context, or a context without decodes
+                continue
+            if nd == 0:
+                self.alone[(i, j)] = t * scale
+            else:
+                lines.setdefault((i, j), {}).setdefault(k, []).append((kd, t * scale))
+        for ij, by_count in lines.items():
+            ks = sorted(by_count)
+            self.decode[ij] = (tuple(nds[k] for k in ks),
+                               [(tuple(p[0] for p in by_count[k]), tuple(p[1] for p in by_count[k])) for k in ks])
         # measured prefixes per chunk index, and chunks (> 0), with and without decodes
-        self.prefixes = {
-            (i, d): [j for j in range(len(kps)) if (i, j) in (self.decode if d else self.alone)]
-            for i in range(len(pcs)) for d in (False, True)
-        }
+        self.prefixes: dict[tuple[int, bool], list[int]] = {(i, d): [] for i in range(len(pcs)) for d in (False, True)}
+        for d, cells in ((False, self.alone), (True, self.decode)):
+            for i, j in sorted(cells):
+                self.prefixes[(i, d)].append(j)
         self.chunks = {d: [i for i, pc in enumerate(pcs) if pc > 0 and self.prefixes[(i, d)]] for d in (False, True)}
         self.pcs, self.kps = pcs, kps
         self.max_chunk = max(pcs)
@@ -393,6 +367,7 @@ class ProfiledCostModel(CostModel):
         self.step_overhead_s = step_overhead_s
         if check_model:
             check_profile_model(profile, model)
+        check_profile_degree(profile, tensor_parallel, model)
         self.out_of_grid: Counter[str] = Counter()  # "axis<" / "axis>" -> lookups outside the grid
         if tensor_parallel in profile.tp:
             tables, scale = profile.tp[tensor_parallel], 1.0
@@ -561,18 +536,43 @@ def _combine(tables: dict[str, Table1D], weights: dict[str, float]) -> tuple[tup
 
 
 def check_profile_model(profile: OperatorProfile, model: ModelSpec) -> None:
-    """Refuse a profile measured for other shapes than the configured model's."""
+    """Refuse a profile measured for other shapes than the configured model's (a vocabulary
+    may be the model's padded as profilers pad it: ``operator_profile.padded_vocab_sizes``)."""
     pm = profile.model
     mine = {"num_heads": model.num_heads, "num_kv_heads": model.num_kv_heads,
             "ffn_size": model.ffn_size, "vocab_size": model.vocab_size}
     if model.moe is not None or "num_experts" in pm:  # a MoE model needs the profile's MoE block, and only it
         mine["num_experts"] = model.moe.num_experts if model.moe is not None else None
         mine["experts_per_token"] = model.moe.experts_per_token if model.moe is not None else None
-    diff = [f"{k} {pm.get(k)} vs {v}" for k, v in mine.items() if pm.get(k) != v]
+    diff = []
+    for k, v in mine.items():
+        if k == "vocab_size":  # the vocabulary the profiler ran, at each degree: the model's or its padding
+            padded = padded_vocab_sizes(v)
+            vocabs = dict.fromkeys([pm.get(k), *dict(pm.get("vocab_size_by_tp") or {}).values()])
+            bad = [str(x) for x in vocabs if x not in padded]
+            if bad:
+                diff.append(f"vocab_size {'/'.join(bad)} vs {v} (padded: {'/'.join(map(str, padded[1:])) or '-'})")
+        elif pm.get(k) != v:
+            diff.append(f"{k} {pm.get(k)} vs {v}")
     if diff:
         raise OperatorProfileError(
             f"cost_model.profile: {profile.name} was measured for {pm.get('name')} shapes; model "
             f"{model.name} differs ({', '.join(diff)}): choose a profile of this model")
+
+
+def check_profile_degree(profile: OperatorProfile, tensor_parallel: int, model: ModelSpec | None = None) -> None:
+    """Refuse a tensor-parallel degree the profile can time neither from its own tables nor
+    from degree 1's (a profile imported without degree 1: Vidur's of some large models); a
+    MoE model needs degree 1's MoE block."""
+    degrees = ", ".join(map(str, sorted(profile.tp)))
+    if tensor_parallel not in profile.tp and 1 not in profile.tp:
+        raise OperatorProfileError(
+            f"cost_model.profile: {profile.name} has tensor-parallel degrees {degrees} only, not "
+            f"{tensor_parallel} (and no degree 1 to scale from): run at one of {degrees}")
+    if model is not None and model.moe is not None and 1 not in profile.tp:
+        raise OperatorProfileError(
+            f"cost_model.profile: {profile.name} has tensor-parallel degrees {degrees} only; the MoE "
+            f"model {model.name} needs its degree-1 MoE block")
 
 
 def profiled_cost_factory(profile: str | Path, base_dir: str | Path | None, deployment: Deployment,
@@ -581,4 +581,5 @@ def profiled_cost_factory(profile: str | Path, base_dir: str | Path | None, depl
     profile is read and checked against the model once, here, so a bad one fails early."""
     prof = load_profile(profile, base_dir)
     check_profile_model(prof, deployment.model)
+    check_profile_degree(prof, deployment.tensor_parallel, deployment.model)
     return lambda: ProfiledCostModel(prof, deployment, check_model=False, **options)

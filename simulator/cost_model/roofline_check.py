@@ -21,7 +21,7 @@ import sys
 import warnings
 from dataclasses import dataclass, replace
 
-from kvsim.simulator.cost_model.base import BatchShape, Deployment, causal_attention_pairs
+from kvsim.simulator.cost_model.base import BatchShape, Deployment
 from kvsim.simulator.cost_model.catalogue import GPUS, MODELS
 from kvsim.simulator.cost_model.profiled import (
     ProfiledCostModel,
@@ -33,6 +33,13 @@ from kvsim.simulator.cost_model.roofline import (
     RooflineParams,
     default_efficiencies,
     roofline_preset,
+)
+from kvsim.simulator.cost_model.roofline_fit import (
+    case_from_profile,
+    fit_roofline,
+    grid_shapes,
+    markdown_table,
+    quantile,
 )
 
 
@@ -48,18 +55,6 @@ class Point:
         return self.roofline_s / self.profiled_s - 1
 
 
-def grid_shapes(profiled: ProfiledCostModel) -> list[tuple[str, BatchShape]]:
-    """One step per measured attention point (one prefill sequence; ``n`` decodes of equal
-    context), of the tables measured at the cost model's tensor-parallel degree."""
-    out = []
-    for pc, kp, nd, kd, _ in profiled.profile.tp[profiled.tp].attention.points():
-        kind = "decode" if pc == 0 else "prefill" if nd == 0 else "mixed"
-        out.append((kind, BatchShape(prefill_seqs=int(pc > 0), prefill_tokens=pc,
-                                     prefill_attn_pairs=causal_attention_pairs(pc, kp) if pc else 0.0,
-                                     decode_seqs=nd, decode_context=nd * kd)))
-    return out
-
-
 def compare(profile: str = "rtx4090-llama-3.1-8b", gpu: str = "rtx4090", model: str = "llama-3.1-8b",
             params: RooflineParams | None = None) -> list[Point]:
     """Each grid step timed by the profile and by the roofline (``params``, else the GPU's
@@ -72,11 +67,6 @@ def compare(profile: str = "rtx4090-llama-3.1-8b", gpu: str = "rtx4090", model: 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ProfileExtrapolationWarning)
         return [Point(kind, s, profiled.step_time(s), roofline.step_time(s)) for kind, s in grid_shapes(profiled)]
-
-
-def quantile(values: list[float], q: float) -> float:
-    v = sorted(values)
-    return v[min(len(v) - 1, max(0, round(q * (len(v) - 1))))]
 
 
 def error_table(points: list[Point]) -> list[tuple[str, int, float, float, float, float, float]]:
@@ -140,12 +130,6 @@ def main(argv: list[str] | None = None) -> int:
     for kind, n, p5, med, p95, amed, ap95 in error_table(points):
         print(f"{kind:8s} {n:5d} {p5:+8.1%} {med:+8.1%} {p95:+8.1%} {amed:9.1%} {ap95:7.1%}")
     if args.fit:
-        from kvsim.simulator.cost_model.roofline_fit import (
-            case_from_profile,
-            fit_roofline,
-            markdown_table,
-        )
-
         case = case_from_profile(args.profile, args.gpu, args.model)
         result = fit_roofline([case], params)
         q = result.params

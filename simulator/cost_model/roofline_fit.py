@@ -11,7 +11,7 @@ memory efficiency because weights are read at ``1 / memory_efficiency`` and the 
 ``factor / memory_efficiency``, and decode steps vary the KV at fixed weights).
 
 The fit minimises ``sum(w_i * (roofline_i / measured_i - 1)^2)`` over every measured
-attention point of every profile (``roofline_check.grid_shapes``: decode batches, prefill
+attention point of every profile (``grid_shapes``: decode batches, prefill
 chunks over a cached prefix, mixed steps), the measured step being the profile's operators
 summed (``ProfiledCostModel`` at a grid point). Relative error, so that a 10 ms prefill and
 a 50 us decode weigh alike; ``w_i = 1 / (n_kind x kinds x profiles)`` for each profile and
@@ -22,13 +22,15 @@ latency enters.
 Method: Levenberg-Marquardt on the four parameters, or three with the paged factor held
 (numerical Jacobian of the real ``RooflineCostModel``, not a copy of its formulas), from the
 given start (``main``: the ``hand-picked`` preset), efficiencies kept in ``(0, 1]`` and the
-overhead and factor at or above 0. Deterministic. ``main`` prints the three-parameter fit to each
+overhead and factor at or above 0: a parameter at its bound that the descent pushes past is
+held there for the iteration (clipping its step instead let the fit stall short of the bounded
+minimum, at a point that moved with the last bits of numpy's linear algebra). Deterministic. ``main`` prints the three-parameter fit to each
 profile alone and to all at once (the presets) and, as a check, the four-parameter one.
 
 Results (``ROOFLINE_PRESETS``; the README has the error tables): RTX 4090 / Llama-3.1-8B
 alone 0.894 / 0.993 / 2.96 ms (``measured-rtx4090``); Vidur's A100 / Llama-3-8B alone
-0.511 / 0.831 / 2.20 ms (``measured-a100``); both at once 0.761 / 1.000 (at its bound) /
-3.93 ms (``measured-rtx4090-a100``); the RTX PRO 6000 Blackwell profiles (three models, TP 1
+0.511 / 0.831 / 2.20 ms (``measured-a100``); both at once 0.759 / 1.000 (at its bound) /
+3.78 ms (``measured-rtx4090-a100``); the RTX PRO 6000 Blackwell profiles (three models, TP 1
 and 2, one case per degree: ``FitCase.tensor_parallel``, both sides adding the all-reduces over
 the GPU's link) alone 0.583 / 0.756 / 1.03 ms (``measured-rtx-pro-6000``); all three GPUs at
 once, each GPU weighing the same, 0.723 / 0.893 / 2.60 ms (``measured-rtx4090-a100-rtx-pro-6000``,
@@ -60,7 +62,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from kvsim.simulator.cost_model.base import BatchShape, Deployment
+from kvsim.simulator.cost_model.base import BatchShape, Deployment, causal_attention_pairs
 from kvsim.simulator.cost_model.catalogue import GPUS, MODELS
 from kvsim.simulator.cost_model.operator_profile import PROFILES_DIR, is_operator_profile
 from kvsim.simulator.cost_model.profiled import (
@@ -122,11 +124,21 @@ class FitResult:
     iterations: int
 
 
+def grid_shapes(profiled: ProfiledCostModel) -> list[tuple[str, BatchShape]]:
+    """One step per measured attention point (one prefill sequence; ``n`` decodes of equal
+    context), of the tables measured at the cost model's tensor-parallel degree."""
+    out = []
+    for pc, kp, nd, kd, _ in profiled.profile.tp[profiled.tp].attention.points():
+        kind = "decode" if pc == 0 else "prefill" if nd == 0 else "mixed"
+        out.append((kind, BatchShape(prefill_seqs=int(pc > 0), prefill_tokens=pc,
+                                     prefill_attn_pairs=causal_attention_pairs(pc, kp) if pc else 0.0,
+                                     decode_seqs=nd, decode_context=nd * kd)))
+    return out
+
+
 def case_from_profile(name: str, gpu: str, model: str, tensor_parallel: int = 1) -> FitCase:
     """The grid of a shipped (or path-named) operator profile at ``tensor_parallel`` (its
     tables of that degree), timed by its operators."""
-    from kvsim.simulator.cost_model.roofline_check import grid_shapes
-
     prof = load_profile(name)
     profiled = ProfiledCostModel(prof, Deployment(MODELS[model], GPUS[gpu], tensor_parallel))
     pairs = grid_shapes(profiled)
@@ -211,10 +223,16 @@ def fit_roofline(cases: list[FitCase], start: RooflineParams | None = None, *, f
             step[j] = step[j] + h if step[j] + h <= upper[j] else step[j] - h
             jac[:, col] = (residuals(step) - r) / (step[j] - x[j])
         jtj, jtr = jac.T @ jac, jac.T @ r
+        # a parameter held at a bound that the descent pushes past stays there this iteration
+        # (clipping its step instead can stall the fit short of the bounded minimum)
+        move = [col for col, j in enumerate(free)
+                if not ((x[j] >= upper[j] and jtr[col] < 0) or (x[j] <= lower[j] and jtr[col] > 0))]
+        jtj, jtr = jtj[np.ix_(move, move)], jtr[move]
         improved = False
         while damping < 1e12:
             delta = np.zeros(len(x))
-            delta[free] = np.linalg.solve(jtj + damping * np.diag(np.diag(jtj) + 1e-12), -jtr)
+            delta[[free[col] for col in move]] = np.linalg.solve(
+                jtj + damping * np.diag(np.diag(jtj) + 1e-12), -jtr)
             trial = np.clip(x + delta, lower, upper)
             rt = residuals(trial)
             ct = float(rt @ rt)

@@ -1,4 +1,4 @@
-"""Fits recover known coefficients; the report computes the issue's numbers (numpy only)."""
+"""Fits recover known coefficients; the report computes its numbers (numpy only)."""
 
 import numpy as np
 import pytest

@@ -150,7 +150,14 @@ def test_bad_profile_files_name_file_and_key(tmp_path):
     write_bundle(tmp_path / "b")
     path = import_bundle(tmp_path / "b", tmp_path, name="p")
     data = yaml.safe_load(path.read_text())
-    data["tp"][1]["attention"]["time_us"] = data["tp"][1]["attention"]["time_us"][:-1]
+    attention = data["tp"][1]["attention"]  # written sparse (its points: fewer numbers than the 54 cells)
+    n = len(attention["points"]["time_us"])
+    attention["points"]["kv_decode"] = attention["points"]["kv_decode"][:-1]
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(OperatorProfileError, match=rf"p.yaml: tp.1.attention.points.kv_decode: expected a list of {n}"):
+        read_operator_profile(path)
+    del attention["points"]
+    attention["time_us"] = [None] * 53  # the dense form, one cell short
     path.write_text(yaml.safe_dump(data))
     with pytest.raises(OperatorProfileError, match=r"p.yaml: tp.1.attention.time_us: expected a list of 54"):
         read_operator_profile(path)

@@ -1,4 +1,4 @@
-"""The v1 prefix cache's per-run paths (issue 21, speed): chained keys walked a run at a
+"""The v1 prefix cache's per-run paths (speed): chained keys walked a run at a
 time (policies/key_chain.py), whole-table releases and whole-hit holds in the queued pool,
 lookups in strides. Each must give exactly what the block-by-block definition gives."""
 

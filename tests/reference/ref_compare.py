@@ -26,7 +26,8 @@ from hypothesis import HealthCheck, note, settings
 from kvsim.simulator.config import ExperimentConfig
 from kvsim.simulator.engine import Simulation, SimulationStalled
 from kvsim.simulator.memory_classes import CLASSES
-from kvsim.simulator.reference import COUNTERS, TIER_COUNTERS, ReferenceStalled, simulate
+from kvsim.simulator.reference import TIER_COUNTERS, ReferenceStalled
+from kvsim.simulator.reference_simulation import COUNTERS, simulate
 from kvsim.simulator.runner import (
     make_allocator_factory,
     make_cost_factory,

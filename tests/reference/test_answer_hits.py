@@ -20,7 +20,8 @@ from ref_cases import base_config, sglang_cases, v1_cases
 from ref_compare import assert_same, case_source, run_fast
 
 from kvsim.simulator.config import ExperimentConfig
-from kvsim.simulator.reference import ReferenceStalled, simulate
+from kvsim.simulator.reference import ReferenceStalled
+from kvsim.simulator.reference_simulation import simulate
 from kvsim.simulator.runner import make_cost_factory
 from kvsim.traces import Request
 

@@ -37,12 +37,8 @@ from kvsim.policies.reference_radix import EVICTION_KEYS
 from kvsim.simulator import reference_sglang
 from kvsim.simulator.config import ExperimentConfig
 from kvsim.simulator.cost_model.roofline import RooflineCostModel
-from kvsim.simulator.reference import (
-    ReferenceReplica,
-    ReferenceStalled,
-    ReferenceV1Replica,
-    simulate,
-)
+from kvsim.simulator.reference import ReferenceReplica, ReferenceStalled, ReferenceV1Replica
+from kvsim.simulator.reference_simulation import simulate
 from kvsim.traces import Request
 
 PROFILES = {"default": 60, "long": 3000}

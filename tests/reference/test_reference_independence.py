@@ -12,12 +12,14 @@ from ref_cases import cases, sglang_cases, sglang_pressure_cases, v1_cases
 
 import kvsim
 from kvsim.simulator.config import ExperimentConfig
-from kvsim.simulator.reference import ReferenceReplica, ReferenceV1Replica, simulate
+from kvsim.simulator.reference import ReferenceReplica, ReferenceV1Replica
 from kvsim.simulator.reference_sglang import ReferenceSGLangReplica
+from kvsim.simulator.reference_simulation import simulate
 
 ROOT = Path(kvsim.__file__).parent  # the package's folders: the checkout's, or mutmut's copies
 REFERENCE = (
     "simulator/reference.py",
+    "simulator/reference_simulation.py",
     "policies/reference_paged.py",
     "policies/reference_contiguous.py",
     "simulator/reference_sglang.py",
@@ -109,7 +111,7 @@ def test_an_sglang_config_runs_under_the_reference_sglang_rules():
     """An sglang config must not silently run under the reference's v0 rules: its replicas
     are ReferenceSGLangReplica over the reference radix cache, with the config's settings."""
     from kvsim.policies.reference_radix import ReferenceRadixCache
-    from kvsim.simulator.reference import ReferenceSimulation
+    from kvsim.simulator.reference_simulation import ReferenceSimulation
 
     cfg = ExperimentConfig.model_validate({
         "model": {"name": "llama-2-7b"}, "hardware": {"gpu": "a100-80gb", "kv_cache_gib": 1},

@@ -16,7 +16,7 @@ from ref_cases import base_config
 from ref_compare import assert_same
 
 from kvsim.simulator.config import ExperimentConfig, load_config
-from kvsim.simulator.reference import simulate
+from kvsim.simulator.reference_simulation import simulate
 from kvsim.simulator.runner import make_cost_factory
 from kvsim.simulator.workload import build_requests
 from kvsim.traces import Request

@@ -17,7 +17,8 @@ from ref_cases import base_config
 from ref_compare import assert_same
 
 from kvsim.simulator.config import ExperimentConfig
-from kvsim.simulator.reference import ReferenceV1Replica, simulate
+from kvsim.simulator.reference import ReferenceV1Replica
+from kvsim.simulator.reference_simulation import simulate
 from kvsim.traces import Request
 
 

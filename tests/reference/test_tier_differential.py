@@ -31,7 +31,7 @@ from reuse_cases import reuse_workloads, with_priorities
 
 from kvsim.policies.eviction_order import EVICTION_POLICIES as POLICIES
 from kvsim.simulator.config import ExperimentConfig
-from kvsim.simulator.reference import ReferenceSimulation
+from kvsim.simulator.reference_simulation import ReferenceSimulation
 
 
 @st.composite

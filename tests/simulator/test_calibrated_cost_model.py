@@ -118,7 +118,7 @@ def test_paging_costs_more_with_smaller_blocks(profile):
 
 def test_close_to_roofline_built_from_the_same_datasheet(profile):
     """The example profile is a roofline of A100 specs at similar efficiencies to the
-    hand-picked ones (the defaults before issue 18's fit): a decode-heavy step must land near
+    hand-picked ones (the defaults before the roofline's fit): a decode-heavy step must land near
     that roofline's prediction."""
     from kvsim.simulator.cost_model.roofline import ROOFLINE_PRESETS
 

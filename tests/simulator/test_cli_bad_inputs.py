@@ -1,5 +1,5 @@
 """Every kvsim subcommand over a corpus of bad inputs: exit status 2, exactly one line on
-stderr (``error: ...``), never a traceback; and the silent wrong answers of issue 16 are
+stderr (``error: ...``), never a traceback; and the silent wrong answers found so far are
 now refused, each with its reason.
 
 Each case is a (name, files, argv, expected words) tuple: ``files`` are written into a
@@ -130,7 +130,7 @@ CASES = [
      ["cost_model.memory_efficiency: allowed only with kind roofline (cost_model.kind is calibrated)"]),
     ("roofline with a profile", {}, run_cfg("cost_model.profile=rtx4090-llama-3.1-8b"),
      ["cost_model.profile: allowed only with kind calibrated or profiled (cost_model.kind is roofline)"]),
-    # --- issue 17: renamed keys name their new name
+    # --- renamed keys name their new name
     ("renamed kv_cache_gb", {}, run_cfg("hardware.kv_cache_gb=12"),
      ["--set: hardware.kv_cache_gb was renamed hardware.kv_cache_gib"]),
     ("renamed swap_space_gb", {"old.yaml": OK + "hardware:\n  gpu: a100-80gb\n  swap_space_gb: 8\n"},

@@ -138,7 +138,7 @@ def test_cli_run_writes_results(tmp_path, capsys):
     assert f"{summary['request_throughput']:.3f}" in out and f"{summary['mean_ttft_ms']:.1f}" in out
 
 
-# --- issue 17: variants, units in names, renamed keys ------------------------------------------
+# --- variants, units in names, renamed keys ------------------------------------------
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 

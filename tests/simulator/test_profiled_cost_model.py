@@ -241,7 +241,7 @@ def held_out(profile):
 
 
 def test_held_out_grid_points_are_reproduced(held_out):
-    """Issue 18's target on the profile's own grid, held out (a doubling grid: 4x gaps,
+    """The profiled model's target on the profile's own grid, held out (a doubling grid: 4x gaps,
     harsher than the 2x gaps of real lookups): within 5% median and 15% p95 for every table's
     own times and for the step times the simulator uses, over the grid points whose KV fits
     the GPU's memory (``RTX4090_KV_TOKENS``; all of the decode- and prefill-only points but
@@ -274,7 +274,7 @@ def held_out_whole(profile):
 
 
 def test_held_out_over_the_whole_grid(held_out_whole):
-    """Issue 18's target over the whole grid, KV the GPU could not hold included: met by the
+    """The profiled model's target over the whole grid, KV the GPU could not hold included: met by the
     dense, per-sequence, decode and prefill tables and by every step time, not by mixed
     attention's own times (median 0.7%, p95 17.6%; 15.2% without the 1,056 points a held-out
     model extrapolates to). Mixed steps switch kernel regime between grid points: at 2K+
@@ -385,7 +385,7 @@ def _time_per_kv_along_context(key, xs, ys, lines):
     return kv(kd) * _in_coordinate(xs, [y / kv(x) for x, y in zip(xs, ys)], kd, math.log)
 
 
-SCHEMES = {  # along which axis, how (issue 18: the interpolation chosen by held-out error)
+SCHEMES = {  # along which axis, how (the interpolation chosen by held-out error)
     "decodes: log-x": (2, lambda k, xs, ys, _: _in_coordinate(xs, ys, k[2], math.log)),
     "decodes: log-log": (2, lambda k, xs, ys, _: _in_coordinate(xs, ys, k[2], math.log, True)),
     "decodes: monotone cubic": (2, lambda k, xs, ys, _: _monotone_cubic(xs, ys, k[2])),
@@ -655,7 +655,7 @@ def test_roofline_check_reports_the_error_distribution(capsys):
     rows = {r[0]: r for r in error_table(points)}
     assert rows["all"][1] == 8643 and rows["decode"][1] == 99 and rows["prefill"][1] == 96
     # The roofline's earlier hand-picked efficiencies (60% of peak compute, 80% of bandwidth,
-    # 1 ms a step) overestimate this GPU: decode and prefill steps are too slow (issue 18).
+    # 1 ms a step) overestimate this GPU: decode and prefill steps are too slow.
     assert 0.1 < rows["decode"][3] < 0.4 and rows["prefill"][3] > 0.2
     # the defaults, fitted to this profile (tests/simulator/test_roofline_fit.py), do better
     fitted = {r[0]: r for r in error_table(compare(NAME, "rtx4090", "llama-3.1-8b"))}

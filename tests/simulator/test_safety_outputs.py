@@ -1,6 +1,6 @@
 """No data loss, no writing outside the results folder, and outputs that say only what is true.
 
-The commands of issue 16 are run as written, from inside a throwaway copy of a checkout
+The commands are run as written, from inside a throwaway copy of a checkout
 (``tmp_path/home/repo``, with a ``.git`` and earlier results), and every file under
 ``tmp_path`` is compared before and after: a command may add files only where it should.
 """

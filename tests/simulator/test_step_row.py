@@ -1,4 +1,4 @@
-"""The hot path's records (issue 17, "no slower than before"): ``step_row`` builds the same
+"""The hot path's records ("no slower than before"): ``step_row`` builds the same
 ``StepRow`` as the named tuple's own constructor, a row of the wrong width is refused when
 the log turns rows into a block (``step_row`` checks nothing, and a long row would shift
 every column after it), and the fast path's ``Run``/``RunEnd`` are named values."""

@@ -235,7 +235,7 @@ def test_bad_folders_are_one_line_errors(tmp_path, capsys):
 
 def test_the_real_vllm_run(tmp_path, capsys, monkeypatch):
     """The shipped measurement: the report exists with every policy kvsim has, its numbers are
-    finite, the targets that hold today still hold (issue 19), and the README's section is the
+    finite, the accuracy targets that hold today still hold, and the README's section is the
     command's snippet."""
     out = tmp_path / "report"
     monkeypatch.chdir(REAL.parents[2])
@@ -256,7 +256,7 @@ def test_the_real_vllm_run(tmp_path, capsys, monkeypatch):
     for r in replays.values():
         for key, value in r["simulated"].items():
             assert value is not None and math.isfinite(value), (r["policy"], key)
-    # Issue 19's targets with the profiled model hold for every policy (today: vllm-v1 within 0.7%
+    # The accuracy targets with the profiled model hold for every policy (today: vllm-v1 within 0.7%
     # and a KV-curve error of 1.4 points; vllm-v0 within 1.7% and 2.5 points).
     for policy in expected:
         r = replays[(policy, "profiled")]
@@ -270,8 +270,8 @@ def test_the_real_vllm_run(tmp_path, capsys, monkeypatch):
         assert all(t["holds"] for t in report["targets"] if t["policy"] == policy)
     if "vllm-v1" in expected:  # v1's rules follow the engine's queues more closely than v0's
         assert replays[("vllm-v1", "profiled")]["waiting_mae"] < replays[("vllm-v0", "profiled")]["waiting_mae"]
-    # the roofline's default constants are fitted to this GPU's operator profile (issue 18,
-    # roofline_fit; not to this run): close here, but still further off than the profile itself
+    # the roofline's default constants are fitted to this GPU's operator profile
+    # (roofline_fit; not to this run): close here, but still further off than the profile itself
     for policy in expected:
         roof, prof = replays[(policy, "roofline")], replays[(policy, "profiled")]
         assert abs(roof["difference_pct"]["makespan_s"]) > abs(prof["difference_pct"]["makespan_s"]), policy

@@ -178,3 +178,64 @@ def test_a_link_is_never_kvsims(tmp_path):
             write_file(tmp_path / "link.png"):
         pass
     assert (tmp_path / "target.png").read_text() == "the user's"
+
+
+def test_the_prefix_cache_experiment_refuses_a_users_folder_in_one_line(user_tree, tmp_path):
+    """``python -m kvsim.simulator.prefix_cache_experiment --out mine`` (the user's folder):
+    refused before anything runs, one line, nothing touched."""
+    from kvsim.simulator.prefix_cache_experiment import main as experiment
+
+    before = snapshot(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        experiment(["--tiny", "--out", "mine"])
+    message = str(exit_.value.code)
+    assert message.startswith("error: mine: exists and was not written by kvsim") and "\n" not in message
+    assert snapshot(tmp_path) == before
+
+
+def test_the_tier_tables_name_the_sweeps_still_to_run(tmp_path):
+    """``python -m kvsim.simulator.tier_tables`` before the sweeps: one line naming the
+    missing tables and the command that makes each, not a traceback from pandas."""
+    from kvsim.simulator.tier_tables import main as tables
+
+    (tmp_path / "tiers-mooncake").mkdir()
+    (tmp_path / "tiers-mooncake" / "sweep.csv").write_text("not read\n")
+    with pytest.raises(SystemExit) as exit_:
+        tables(["--results", str(tmp_path)])
+    assert exit_.value.code == (f"error: no {tmp_path / 'tiers-multi-turn' / 'sweep.csv'}: run kvsim sweep "
+                                "configs/tiers/sweep_multi_turn.yaml first (or give --results)")
+
+
+def test_two_writers_in_one_folder_both_stay_listed(tmp_path, monkeypatch):
+    """Two loose files written into one folder at once: each read-modify-write of
+    ``.kvsim-files`` is under the folder's lock, so neither writer drops the other's line.
+    Writer A reads the manifest, then waits (up to 0.5 s) for writer B to finish its whole
+    write; unlocked, B would finish in that gap and A's rewrite would drop B's line."""
+    import threading
+
+    import kvsim.simulator.outputs as outputs
+
+    read = outputs._manifest
+    b_done = threading.Event()
+    first = threading.Event()
+
+    def slow_first_read(folder: Path) -> dict[str, str]:
+        got = read(folder)
+        if not first.is_set():  # writer A's read
+            first.set()
+            b_done.wait(0.5)
+        return got
+
+    monkeypatch.setattr(outputs, "_manifest", slow_first_read)
+
+    def write(name: str) -> None:
+        with write_file(tmp_path / name) as tmp:
+            tmp.write_text(name)
+
+    a = threading.Thread(target=write, args=("a.png",))
+    a.start()
+    first.wait(5)
+    write("b.png")
+    b_done.set()
+    a.join()
+    assert is_kvsim_file(tmp_path / "a.png") and is_kvsim_file(tmp_path / "b.png")
