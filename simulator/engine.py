@@ -23,6 +23,7 @@ import gc
 from collections.abc import Callable, Generator, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import simpy
 
@@ -31,12 +32,15 @@ from kvsim.simulator.cache_tiers import TierStack
 from kvsim.simulator.cost_model.base import CostModel
 from kvsim.simulator.fast_path import FastPath, Lookahead, row_state
 from kvsim.simulator.metrics import RequestLog, request_row
+from kvsim.simulator.policy_registry import policy_entry
 from kvsim.simulator.scheduler import Scheduler, SchedulerSettings, Step
-from kvsim.simulator.scheduler_sglang import SchedulerSGLang
-from kvsim.simulator.scheduler_v1 import SchedulerV1
 from kvsim.simulator.sequence import SequenceGroup
 from kvsim.simulator.step_log import StepLog, Window
 from kvsim.traces import Request
+
+if TYPE_CHECKING:
+    from kvsim.simulator.scheduler_sglang import SchedulerSGLang
+    from kvsim.simulator.scheduler_v1 import SchedulerV1
 
 INF = float("inf")
 
@@ -127,8 +131,8 @@ class Simulation:
         edges = tuple(sorted(e for e in window if e is not None)) if isinstance(window, tuple) else ()
         self.lookahead = Lookahead(edges=edges)  # the next arrival, shared by the fast paths
         self.replicas: list[Replica] = []
+        make_scheduler = policy_entry(limits.policy).scheduler
         for i in range(num_replicas):
-            make_scheduler = {"vllm-v1": SchedulerV1, "sglang": SchedulerSGLang}.get(limits.policy, Scheduler)
             sched = make_scheduler(make_allocator(), limits, on_terminal=self._on_terminal(i),
                                    tiers=make_tiers() if make_tiers is not None else None)
             pcie = simpy.Resource(self.env, capacity=1) if overlap_swap else None

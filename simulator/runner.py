@@ -15,8 +15,6 @@ from kvsim.policies.cache_tier import CacheTier
 from kvsim.policies.contiguous_allocator import ContiguousAllocator, contiguous_preset
 from kvsim.policies.kv_allocator import KVAllocator
 from kvsim.policies.paged_allocator import PagedAllocator
-from kvsim.policies.radix_cache import RadixCacheAllocator
-from kvsim.policies.v1_prefix_cache import V1PrefixCacheAllocator
 from kvsim.simulator.cache_tiers import Level, TierLink, TierStack
 from kvsim.simulator.capacity import swap_slots
 from kvsim.simulator.config import ConfigError, ExperimentConfig
@@ -26,8 +24,8 @@ from kvsim.simulator.cost_model.roofline import RooflineCostModel, RooflineParam
 from kvsim.simulator.engine import Simulation
 from kvsim.simulator.latency_histogram import LatencyHistogram
 from kvsim.simulator.metrics import summarize
+from kvsim.simulator.policy_registry import policy_entry
 from kvsim.simulator.scheduler import SchedulerSettings
-from kvsim.simulator.scheduler_sglang import SGLangSettings
 from kvsim.simulator.workload import build_requests
 from kvsim.traces import Request
 
@@ -65,10 +63,10 @@ def make_allocator_factory(cfg: ExperimentConfig) -> Callable[[], KVAllocator]:
     a = cfg.allocator
     if a.kind == "paged":
         B = a.block_size
-        if cfg.scheduler.policy == "vllm-v1" and a.prefix_caching:  # vLLM v1's free queue and cache
-            return lambda: V1PrefixCacheAllocator(slots // B, B, a.eviction_policy)
-        if cfg.scheduler.policy == "sglang":  # SGLang's radix cache, pages of block_size tokens
-            return lambda: RadixCacheAllocator(slots // B * B, B, a.eviction_policy)
+        entry = policy_entry(cfg.scheduler.policy)  # its cache: vLLM v1's free queue, SGLang's radix tree
+        cache = entry.paged_cache
+        if cache is not None and (a.prefix_caching or not entry.cache_needs_prefix_caching):
+            return lambda: cache(slots // B, B, a.eviction_policy)
         return lambda: PagedAllocator(slots // B, B, swap // B, prefix_caching=a.prefix_caching,
                                       eviction=a.eviction_policy)
     placement, reservation, _ = allocator_settings(cfg)
@@ -92,12 +90,11 @@ def make_tier_factory(cfg: ExperimentConfig) -> Callable[[], TierStack] | None:
     return make
 
 
-def tier_summary(sim: Simulation, requests: pd.DataFrame) -> dict:
+def tier_summary(sim: Simulation, requests: pd.DataFrame, policy: str) -> dict:
     """Per tier: hit ratio over the GPU cache's lookups and every counter; the TTFT split."""
     out: dict = {}
     lookups = sum(getattr(r.scheduler.alloc, "prefix_lookups", 0) for r in sim.replicas)
-    # vLLM's cache counts lookups in blocks, the radix cache in tokens
-    unit = "loaded_tokens" if isinstance(sim.replicas[0].scheduler.alloc, RadixCacheAllocator) else "hit_blocks"
+    unit = policy_entry(policy).tier_hit_unit  # what the policy's cache counts its lookups in
     for name, c in sim.tier_stats().items():
         out[f"tier_{name}_hit_ratio"] = c[unit] / lookups if lookups else 0.0
         out.update({f"tier_{name}_{k}": v for k, v in c.items()})
@@ -114,9 +111,7 @@ def tier_summary(sim: Simulation, requests: pd.DataFrame) -> dict:
 def make_cost_factory(cfg: ExperimentConfig, base_dir: Path) -> Callable[[], CostModel]:
     c, hw = cfg.cost_model, cfg.hardware
     kernel = "paged" if cfg.allocator.kind == "paged" else "contiguous"
-    block = cfg.allocator.block_size if kernel == "paged" else 1
-    if cfg.scheduler.policy == "sglang":  # its attention kernels (FlashInfer, FA3) read KV through a
-        block = max(block, 16)  # token index table, not vLLM's per-block gather: cost them as vLLM at 16
+    block = policy_entry(cfg.scheduler.policy).kernel_block(cfg.allocator.block_size if kernel == "paged" else 1)
     deployment = Deployment(cfg.model.spec, hw.spec, hw.tensor_parallel, block, kernel, hw.pcie, hw.link, c.host_time,
                             cfg.expert_group)
     if c.kind == "calibrated":
@@ -140,7 +135,7 @@ def make_cost_factory(cfg: ExperimentConfig, base_dir: Path) -> Callable[[], Cos
 def scheduler_settings(cfg: ExperimentConfig) -> SchedulerSettings:
     _, _, request_level = allocator_settings(cfg)
     sc = cfg.scheduler
-    make = SGLangSettings if sc.policy == "sglang" else SchedulerSettings  # (simulator.scheduler_sglang)
+    make = policy_entry(sc.policy).settings
     return make(**sc.policy_keys(),  # the policy's own knobs ride along (none for vllm-v0)
         max_num_seqs=cfg.scheduler.max_num_seqs,
         max_num_batched_tokens=cfg.max_num_batched_tokens,
@@ -267,6 +262,6 @@ def run_experiment(cfg: ExperimentConfig, base_dir: Path = Path("."),
     summary.update(allocator_stats([r.scheduler.alloc for r in sim.replicas], cfg.model.spec.kv_bytes_per_token,
                                    summary))
     if getattr(cfg.allocator, "tiers", None):
-        summary.update(tier_summary(sim, req_df))
+        summary.update(tier_summary(sim, req_df, cfg.scheduler.policy))
     wall = time.perf_counter() - t0
     return RunResult(cfg, summary, req_df, steps, wall, run_warnings(cfg, summary, req_df))
