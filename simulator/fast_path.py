@@ -248,11 +248,8 @@ class FastPath:
             cut = min(edge, look.next_arrival, sched.next_load_s)
             if t >= cut:  # an arrival (or the window's edge) comes first: the engine wakes at t
                 break
-            if due is not None:
-                sched.complete(due, t, run=run)
-                due = None
-            else:
-                sched.complete_run(run, t)
+            _new(RunEnd, (t, due, run)).complete(sched, t)  # (the one place a step is completed)
+            due = None
             k = sched.continue_length(self.max_run)
             n, c0 = alloc.resident_kv()
             run = plan_weights(cost, n, c0, k, t, cut) if k else None
