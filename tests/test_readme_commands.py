@@ -103,6 +103,7 @@ TIER_GRID = ("--grid", "allocator.tiers.0.capacity_gib=0,32")
 
 RUN: dict[str, Shrink] = {
     "kvsim run quickstart": Shrink(TRACE_20),
+    "kvsim run quickstart --quiet": Shrink(TRACE_20),
     "kvsim run sglang_vs_vllm/mooncake --no-plot": Shrink(TRACE_20),
     "kvsim run sglang_vs_vllm/mooncake --no-plot --set workload.window.num_requests=3993 --set scheduler.policy=sglang "
     "--set scheduler.max_num_batched_tokens=null --set allocator.block_size=1": Shrink(TRACE_20),  # (the last wins)
@@ -179,6 +180,8 @@ NOT_RUN: dict[str, str] = {
                                                          "tests/simulator/test_roofline_fit.py runs its fits",
     "python -m benchmarks.run --cases moon16,moon256,mt10k,mt30k,mt100k": "a timing benchmark of tens of seconds "
                                                                           "(make bench)",
+    "python -m benchmarks.startup --repeat 10": "a timing benchmark (ten fresh processes); "
+                                                "tests/test_bench_sglang_startup.py runs its probe once",
     "python -m benchmarks.compare REV [--new-tree DIR] [--old-set|--new-set CASE:key=value]":
         "a form (REV); runs the benchmarks twice, at a git worktree and here",
 }
