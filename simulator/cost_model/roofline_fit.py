@@ -227,6 +227,8 @@ def fit_roofline(cases: list[FitCase], start: RooflineParams | None = None, *, f
         # (clipping its step instead can stall the fit short of the bounded minimum)
         move = [col for col, j in enumerate(free)
                 if not ((x[j] >= upper[j] and jtr[col] < 0) or (x[j] <= lower[j] and jtr[col] > 0))]
+        if not move:  # every parameter held at a bound: a constrained minimum
+            break
         jtj, jtr = jtj[np.ix_(move, move)], jtr[move]
         improved = False
         while damping < 1e12:
