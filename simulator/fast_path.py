@@ -96,11 +96,18 @@ class RunEnd(NamedTuple):
 
     def complete(self, scheduler: Scheduler | SchedulerV1, now: float) -> None:
         """Hand the scheduler what ended at ``now``: every sequence in it gained its tokens."""
-        _, step, rest = self
-        if step is not None:
-            scheduler.complete(step, now, run=rest)
-        elif rest is not None:
-            scheduler.complete_run(rest, now)
+        complete_due(scheduler, self.step, self.rest, now)
+
+
+def complete_due(scheduler: Scheduler | SchedulerV1, step: Step | None, rest: RunWeights | None,
+                 now: float) -> None:
+    """The one place a step is completed: ``step`` (if still due) with the run's iterations
+    after it, else those iterations alone; the engine calls it through :class:`RunEnd`, a run
+    going on past finishes directly (no record built for it)."""
+    if step is not None:
+        scheduler.complete(step, now, run=rest)
+    elif rest is not None:
+        scheduler.complete_run(rest, now)
 
 
 def plan_weights(cost: CostModel, n: int, c0: int, extra: int, first_end: float, cut: float) -> RunWeights | None:
@@ -248,7 +255,7 @@ class FastPath:
             cut = min(edge, look.next_arrival, sched.next_load_s)
             if t >= cut:  # an arrival (or the window's edge) comes first: the engine wakes at t
                 break
-            _new(RunEnd, (t, due, run)).complete(sched, t)  # (the one place a step is completed)
+            complete_due(sched, due, run, t)
             due = None
             k = sched.continue_length(self.max_run)
             n, c0 = alloc.resident_kv()

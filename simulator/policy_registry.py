@@ -50,9 +50,7 @@ def _vllm_v1() -> PolicyEntry:
     from kvsim.policies.v1_prefix_cache import V1PrefixCacheAllocator
     from kvsim.simulator.scheduler_v1 import SchedulerV1
 
-    return PolicyEntry(SchedulerV1, SchedulerSettings,
-                       lambda blocks, block_size, eviction: V1PrefixCacheAllocator(blocks, block_size, eviction),
-                       True, _same)
+    return PolicyEntry(SchedulerV1, SchedulerSettings, V1PrefixCacheAllocator, True, _same)
 
 
 def _sglang_kernel_block(block: int) -> int:

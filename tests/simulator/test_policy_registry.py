@@ -13,7 +13,7 @@ from run_configs import TINY
 from kvsim.policies.paged_allocator import PagedAllocator
 from kvsim.policies.radix_cache import RadixCacheAllocator
 from kvsim.policies.v1_prefix_cache import V1PrefixCacheAllocator
-from kvsim.simulator.config import validate_config
+from kvsim.simulator.config import SCHEDULER_POLICIES, validate_config
 from kvsim.simulator.policy_registry import POLICY_NAMES, policy_entry
 from kvsim.simulator.runner import make_allocator_factory, make_cost_factory, scheduler_settings
 from kvsim.simulator.scheduler import Scheduler, SchedulerSettings
@@ -28,7 +28,7 @@ def config(policy: str, block_size: int = 8, prefix_caching: bool = False):
 
 
 def test_each_policy_binds_its_scheduler_settings_and_cache():
-    assert POLICY_NAMES == ("vllm-v0", "vllm-v1", "sglang")
+    assert POLICY_NAMES == SCHEDULER_POLICIES == ("vllm-v0", "vllm-v1", "sglang")  # the config's, no more
     got = {p: (policy_entry(p).scheduler, policy_entry(p).settings) for p in POLICY_NAMES}
     assert got == {"vllm-v0": (Scheduler, SchedulerSettings), "vllm-v1": (SchedulerV1, SchedulerSettings),
                    "sglang": (SchedulerSGLang, SGLangSettings)}
