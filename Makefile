@@ -43,7 +43,7 @@ test-long: $(VENV)/.dev
 
 # Mutation testing, not part of `make test` (hours for the whole core on 2 cores; results
 # are cached in mutants/, so a rerun checks only mutants of changed functions). One module:
-# `make mutate MUTANTS='kvsim.policies.block_pool*'`. See mutation/README.md.
+# `make mutate MUTANTS='kvsim.policies.ledger.block_pool*'`. See mutation/README.md.
 .PHONY: mutate
 mutate: $(VENV)/.dev
 	$(PY) mutation/run.py $(MUTANTS)

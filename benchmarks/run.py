@@ -157,7 +157,7 @@ def validation_replay() -> dict:
     builds it."""
     from pathlib import Path
 
-    from kvsim.simulator.validate import plan_replay, read_run_folder, replay_config
+    from kvsim.simulator.app.validate import plan_replay, read_run_folder, replay_config
 
     root = Path(__file__).resolve().parents[1] / "gpu_validation" / "runs" / "vllm-0.19-rtx4090-llama-3.1-8b"
     folder = read_run_folder(root)
@@ -217,7 +217,7 @@ def readme_table(results: dict[str, dict],
 def run_case(name: str, macro: bool) -> dict:
     """Run one case in this process; return its measurements."""
     from kvsim.simulator.config import validate_config
-    from kvsim.simulator.runner import run_experiment
+    from kvsim.simulator.engine.runner import run_experiment
 
     if name in AS_VALIDATE_RUNS:
         raw = validation_replay()

@@ -24,7 +24,7 @@ import time
 
 PROBE = """
 import json, os, resource, sys, time
-from kvsim.simulator.engine import Simulation
+from kvsim.simulator.engine.simulation import Simulation
 
 HEAVY = ("pandas", "pyarrow", "matplotlib", "scipy", "rich")
 
@@ -35,7 +35,7 @@ def first_event(self):
     os._exit(0)  # the run itself is not measured
 
 Simulation.run = first_event
-from kvsim.simulator.cli import main
+from kvsim.simulator.app.cli import main
 sys.exit(main(["run", "quickstart", "--quiet", "--no-plot", "--out", sys.argv[1],
                "--set", "workload.window.duration_s=5"]))
 """

@@ -16,8 +16,8 @@ test. Usage::
     python mutation/run.py [PATTERN ...] [--jobs N] [--min-score 90] [--report-only]
                            [--skip-tests EXPR]
 
-PATTERN is a mutant name glob, e.g. ``'kvsim.policies.block_pool*'`` (one module) or
-``'kvsim.simulator.scheduler.xǁSchedulerǁ_swap_in*'`` (one method); none means all.
+PATTERN is a mutant name glob, e.g. ``'kvsim.policies.ledger.block_pool*'`` (one module) or
+``'kvsim.simulator.sched.scheduler.xǁSchedulerǁ_swap_in*'`` (one method); none means all.
 Exit status 1 when the score is below ``--min-score`` (percent).
 """
 
@@ -88,7 +88,7 @@ def results() -> dict[str, str]:
 
 
 def module_of(name: str) -> str:
-    """``kvsim.policies.block_pool.xǁBlockPoolǁcheck__mutmut_3`` -> ``kvsim.policies.block_pool``."""
+    """``kvsim.policies.ledger.block_pool.xǁBlockPoolǁcheck__mutmut_3`` -> ``kvsim.policies.ledger.block_pool``."""
     return name.split(".x_")[0].split(".xǁ")[0]
 
 
@@ -142,7 +142,7 @@ def report(by_module: dict[str, ModuleScore], show_diffs: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("patterns", nargs="*", help="mutant name globs, e.g. 'kvsim.policies.block_pool*' (default: all)")
+    ap.add_argument("patterns", nargs="*", help="mutant name globs, e.g. 'kvsim.policies.ledger.block_pool*' (default: all)")
     ap.add_argument("--jobs", type=int, default=int(os.environ.get("MUTATE_JOBS", os.cpu_count() or 2)),
                     help="mutants checked in parallel (default: MUTATE_JOBS or the CPU count)")
     ap.add_argument("--min-score", type=float, default=90.0, help="exit 1 below this score (percent)")

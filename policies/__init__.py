@@ -1,17 +1,9 @@
 """KV-cache allocators, block pools, prefix caches and eviction orders: pure data structures,
-no simulator imports. (Preemption is the schedulers' rule: simulator/scheduler*.py.)"""
+no simulator imports. (Preemption is the schedulers' rule: simulator/sched/.)"""
 
 if __name__ != "kvsim.policies":  # one module object per file: never both policies.x and kvsim.policies.x
     raise ImportError(f"import kvsim.policies, not {__name__}: the repository's folders install as the kvsim package")
 
-from kvsim.policies.block_pool import BlockPool, OutOfBlocks
-from kvsim.policies.contiguous_allocator import (
-    CONTIGUOUS_PRESETS,
-    ContiguousAllocator,
-    ContiguousPreset,
-    OutOfSlots,
-    contiguous_preset,
-)
 from kvsim.policies.kv_allocator import (
     Admission,
     BasicAllocator,
@@ -19,9 +11,17 @@ from kvsim.policies.kv_allocator import (
     MemoryUsage,
     SwapResult,
 )
-from kvsim.policies.paged_allocator import PagedAllocator
-from kvsim.policies.reservation import RESERVATION_POLICIES, reservation_slots
-from kvsim.policies.slot_space import (
+from kvsim.policies.ledger.block_pool import BlockPool, OutOfBlocks
+from kvsim.policies.ledger.contiguous_allocator import (
+    CONTIGUOUS_PRESETS,
+    ContiguousAllocator,
+    ContiguousPreset,
+    OutOfSlots,
+    contiguous_preset,
+)
+from kvsim.policies.ledger.paged_allocator import PagedAllocator
+from kvsim.policies.ledger.reservation import RESERVATION_POLICIES, reservation_slots
+from kvsim.policies.ledger.slot_space import (
     PLACEMENTS,
     BestFitSpace,
     BuddySpace,

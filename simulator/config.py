@@ -37,7 +37,7 @@ from pydantic import (
     model_validator,
 )
 
-from kvsim.policies.contiguous_allocator import contiguous_preset
+from kvsim.policies.ledger.contiguous_allocator import contiguous_preset
 from kvsim.simulator.capacity import MemoryBudget, kv_slots, memory_budget
 from kvsim.simulator.cost_model.catalogue import GPUS, MODELS, GiB, GPUSpec, ModelSpec
 from kvsim.simulator.cost_model.host_time import HostTime, host_preset
@@ -400,7 +400,7 @@ class TierLinkConfig(Strict):
 
 class TierConfig(Strict):
     """One cache tier below the GPU pool (DESIGN.md "Cache tiers"; the rules:
-    ``simulator.cache_tiers``). ``capacity_gib``: GiB of KV it holds per replica (0: it
+    ``policies.tiers.tier_stack``). ``capacity_gib``: GiB of KV it holds per replica (0: it
     keeps nothing, the sweep's baseline)."""
 
     name: str = Field(pattern=r"^[a-z0-9_]+$", description="label in the summary: tier_<name>_hit_ratio, ...")
@@ -451,10 +451,10 @@ class PagedAllocatorConfig(Variant):
     watermark: float = Field(0.01, ge=0, lt=0.5, description="share of KV slots kept free at admission")
     prefix_caching: bool = False
     eviction_policy: Literal["lru", "lfu", "fifo", "arc", "priority"] = Field(
-        "lru", description="order the prefix cache evicts cached blocks in (policies.eviction_order); "
+        "lru", description="order the prefix cache evicts cached blocks in (policies.indexes.eviction_order); "
         "lru = the engine's own (vLLM v1's free queue, SGLang's radix LRU)")
     tiers: list[TierConfig] = Field(default_factory=list, description="cache tiers below the GPU pool, top "
-                                    "first (CPU, then disk): simulator.cache_tiers")
+                                    "first (CPU, then disk): policies.tiers.tier_stack")
 
     @field_validator("tiers")
     @classmethod
@@ -527,7 +527,7 @@ V1_ONLY_KEYS = ("long_prefill_token_threshold", "max_num_partial_prefills", "res
 """Scheduler keys only ``policy: vllm-v1`` reads."""
 SGLANG_ONLY_KEYS = ("schedule_policy", "chunked_prefill_size", "enable_mixed_chunk",
                     "schedule_conservativeness")
-"""Scheduler keys only ``policy: sglang`` reads (see ``simulator.scheduler_sglang``)."""
+"""Scheduler keys only ``policy: sglang`` reads (see ``simulator.sched.sglang``)."""
 
 
 MAX_STEP_TOKENS = 2**30
@@ -563,7 +563,7 @@ class VllmV0SchedulerConfig(_SchedulerLimits):
 
 class VllmV1SchedulerConfig(_SchedulerLimits):
     """``policy: vllm-v1``: a per-step token budget, chunked prefills mixed with decodes,
-    recompute only (``simulator.scheduler_v1``)."""
+    recompute only (``simulator.sched.vllm_v1``)."""
 
     policy: Literal["vllm-v1"] = "vllm-v1"
     long_prefill_token_threshold: int = Field(0, ge=0, le=MAX_STEP_TOKENS, description="most tokens a request computes per step; "
@@ -581,7 +581,7 @@ class VllmV1SchedulerConfig(_SchedulerLimits):
 
 
 class SGLangSchedulerConfig(_SchedulerLimits):
-    """``policy: sglang``: SGLang's radix-cache scheduler (``simulator.scheduler_sglang``);
+    """``policy: sglang``: SGLang's radix-cache scheduler (``simulator.sched.sglang``);
     its keys keep SGLang's server-argument names (``chunked_prefill_size`` is in tokens)."""
 
     policy: Literal["sglang"] = "sglang"

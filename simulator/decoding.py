@@ -15,7 +15,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from kvsim.policies.token_blocks import TokenBlocks
+from kvsim.policies.indexes.token_blocks import TokenBlocks
 from kvsim.traces import Request
 
 
@@ -77,7 +77,7 @@ def prefix_contents(request: Request, block_size: int, *, with_output: bool = Fa
     """The content of each leading full prompt block that other requests may share.
 
     A content names one block on its own, not chained: every consumer interns the pair
-    (parent block's key, content) (``policies.key_chain``, the reference's ``chain_key``),
+    (parent block's key, content) (``policies.indexes.key_chain``, the reference's ``chain_key``),
     so two prompts share block j exactly when they agree on every block up to j. Three kinds
     that never compare equal to each other:
 
@@ -119,7 +119,7 @@ def hash_block_contents(hash_ids: tuple[int, ...], hash_block_tokens: int, block
     ``hash_ids[j // per] * HASH_POSITIONS + j % per`` with ``per = hash_block_tokens //
     block_size``, for the full blocks the hash ids and the prompt both cover (one numpy
     expression for the whole prompt: no Python step per block). An ``array`` of 64-bit
-    ints (no int object per block; ``policies.key_chain`` keeps such contents 8 bytes
+    ints (no int object per block; ``policies.indexes.key_chain`` keeps such contents 8 bytes
     each), or a list of ints when a hash id is too large for numpy's int64 spread."""
     hb = hash_block_tokens
     if hb % block_size:
@@ -148,7 +148,7 @@ def token_block_contents(token_ids: tuple[int, ...], block_size: int,
     Exact: two blocks get equal contents exactly when their tokens are equal (no hash that
     could collide), and the consumers chain them (:func:`prefix_contents`). Built in C for
     the whole prompt: the ids into an ``array`` of 32-bit ints, its bytes held as one
-    :class:`~policies.token_blocks.TokenBlocks` (a sequence of the blocks' bytes, with no
+    :class:`~policies.indexes.token_blocks.TokenBlocks` (a sequence of the blocks' bytes, with no
     object per block).
     """
     ids = array("I", token_ids)

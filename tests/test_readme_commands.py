@@ -129,7 +129,7 @@ RUN: dict[str, Shrink] = {
     TIERS_MT: Shrink(("--set", "workload.multi_turn.conversations=3", *TIER_GRID,
                       "--grid", "allocator.tiers.0.eviction_policy=lru", *ONE_WORKER)),
     TIERS_MOON: Shrink((*TRACE_20, *TIER_GRID, "--grid", "allocator.tiers.0.eviction_policy=arc", *ONE_WORKER)),
-    "python -m kvsim.simulator.tier_tables": Shrink(after=(TIERS_MT, TIERS_MOON)),
+    "python -m kvsim.simulator.app.tier_tables": Shrink(after=(TIERS_MT, TIERS_MOON)),
     "kvsim trace stats traces/data/AzureLLMInferenceTrace_conv.csv": Shrink(),
     "kvsim trace plot traces/data/synthetic_trace.jsonl -o mooncake.png": Shrink(),
     # Every section at tiny size runs in tests/simulator/test_reproduce.py (minutes here);
@@ -145,14 +145,14 @@ RUN: dict[str, Shrink] = {
     "python -m kvsim.simulator.cost_model.roofline_check a100-llama-3-8b --gpu a100-80gb --model llama-3-8b "
     "[--efficiencies NAME]": Shrink(),  # (run without its optional part)
     "python -m kvsim.simulator.cost_model.roofline_check [--efficiencies NAME] [--plot PNG]": Shrink(),
-    "python -m kvsim.simulator.prefix_cache_experiment": Shrink(("--tiny",)),
+    "python -m kvsim.simulator.app.prefix_cache_experiment": Shrink(("--tiny",)),
 }
 
 INSTALLS = "installs packages (make test installs the dev extras and runs the suite this test is in)"
 MAKE = "a make target: installs into .venv first; only checked to exist in the Makefile"
 NOT_RUN: dict[str, str] = {
     "make run": MAKE, "make test": MAKE, "make bench": MAKE, "make lint": MAKE, "make clean": MAKE,
-    "make mutate": MAKE, "make mutate MUTANTS='kvsim.policies.block_pool*'": MAKE, "make test-long": MAKE,
+    "make mutate": MAKE, "make mutate MUTANTS='kvsim.policies.ledger.block_pool*'": MAKE, "make test-long": MAKE,
     "make test-long SEED=N": MAKE, "make wheel-check": MAKE,
     "pip install .": INSTALLS, "pip install -e '.[ray]'": INSTALLS, "pip install -e '.[gpu]'": INSTALLS,
     "pip install -e '.[notebooks]' && jupyter lab notebooks/": INSTALLS + "; jupyter opens a browser",
@@ -274,7 +274,7 @@ def _run(words: list[str]) -> tuple[int, str]:
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
         if words[0] == "kvsim":
-            from kvsim.simulator.cli import main
+            from kvsim.simulator.app.cli import main
 
             rc = main(words[1:])
         else:
@@ -309,7 +309,7 @@ def _run_readme_command(command: str, monkeypatch, folder: Path) -> None:
         if first not in _done.setdefault(folder, set()):
             _run_readme_command(first, monkeypatch, folder)
     if shrink.tiny:
-        import kvsim.simulator.reproduce as rp
+        import kvsim.simulator.app.reproduce as rp
 
         real = rp.run_experiments
         monkeypatch.setattr(rp, "run_experiments", lambda *a, **k: real(*a, **{**k, "tiny": True}))

@@ -26,7 +26,7 @@ radix cache (token by token) match on.
 What a cache can hit. Every turn carries its answer's ids (``output_token_ids``), the very
 ids the next prompt resends, and the engines name generated tokens by them
 (``simulator.decoding.prefix_contents`` for vLLM v1's chained block hashes,
-``policies.radix_cache.request_tokens`` for SGLang's tree): so turn k+1 hits its
+``policies.indexes.radix_cache.request_tokens`` for SGLang's tree): so turn k+1 hits its
 conversation's cache through turn k's prompt *and* answer (as real engines do, chat-template
 tokens aside), up to the last answer token, whose KV is never computed; only the new user
 message is computed. When those tokens become hits: SGLang inserts a request's generated

@@ -16,14 +16,14 @@ from dataclasses import dataclass, field
 import pandas as pd
 import pytest
 
-from kvsim.policies.contiguous_allocator import ContiguousAllocator
 from kvsim.policies.kv_allocator import KVAllocator
-from kvsim.policies.paged_allocator import PagedAllocator
+from kvsim.policies.ledger.contiguous_allocator import ContiguousAllocator
+from kvsim.policies.ledger.paged_allocator import PagedAllocator
 from kvsim.simulator.cost_model.base import BatchShape, CostModel
-from kvsim.simulator.engine import Simulation
+from kvsim.simulator.engine.metrics import summarize
+from kvsim.simulator.engine.simulation import Simulation
 from kvsim.simulator.latency_histogram import LatencyHistogram
-from kvsim.simulator.metrics import summarize
-from kvsim.simulator.scheduler import SchedulerSettings
+from kvsim.simulator.sched.scheduler import SchedulerSettings
 from kvsim.traces import Request
 
 

@@ -5,9 +5,9 @@ holds the tokens it had generated). Swap-in is covered in ``test_swap``."""
 import pytest
 
 from kvsim.policies.kv_allocator import Admission
-from kvsim.policies.paged_allocator import PagedAllocator
+from kvsim.policies.ledger.paged_allocator import PagedAllocator
 from kvsim.simulator.config import ConfigError, validate_config
-from kvsim.simulator.scheduler import Scheduler, SchedulerSettings
+from kvsim.simulator.sched.scheduler import Scheduler, SchedulerSettings
 from kvsim.traces import Request
 
 

@@ -18,8 +18,8 @@ import re
 
 import pytest
 
-from kvsim.policies.contiguous_allocator import ContiguousAllocator, OutOfSlots
 from kvsim.policies.kv_allocator import RunWeights
+from kvsim.policies.ledger.contiguous_allocator import ContiguousAllocator, OutOfSlots
 
 
 def oracle(capacity: int = 64, swap: int = 0) -> ContiguousAllocator:

@@ -1,4 +1,4 @@
-"""The engine's own rules (simulator/engine.py), apart from the scheduling it drives.
+"""The engine's own rules (simulator/engine/simulation.py), apart from the scheduling it drives.
 
 1. A step's seconds: its batch, plus copy-on-write copies on the GPU, plus swap-out and
    swap-in transfers on the host link (``step_seconds``).
@@ -18,12 +18,12 @@ from types import SimpleNamespace
 import pytest
 
 from kvsim.policies.kv_allocator import Admission
-from kvsim.policies.paged_allocator import PagedAllocator
+from kvsim.policies.ledger.paged_allocator import PagedAllocator
 from kvsim.simulator.cost_model.base import BatchShape
-from kvsim.simulator.engine import Router, Simulation, SimulationStalled, step_seconds
-from kvsim.simulator.fast_path import FastPath, Lookahead, row_state
-from kvsim.simulator.scheduler import Scheduler, SchedulerSettings, Step
-from kvsim.simulator.step_log import StepLog
+from kvsim.simulator.engine.fast_path import FastPath, Lookahead, row_state
+from kvsim.simulator.engine.simulation import Router, Simulation, SimulationStalled, step_seconds
+from kvsim.simulator.engine.step_log import StepLog
+from kvsim.simulator.sched.scheduler import Scheduler, SchedulerSettings, Step
 from kvsim.traces import Request
 
 

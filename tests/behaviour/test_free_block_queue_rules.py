@@ -1,4 +1,4 @@
-"""The free block queue's rules the prefix-cache tests do not pin down (policies/free_block_queue.py).
+"""The free block queue's rules the prefix-cache tests do not pin down (policies/indexes/free_block_queue.py).
 
 1. ``extend`` appends the given blocks themselves, in order, to the tail.
 2. Taking from an empty queue (or more blocks than it holds) fails with a message that
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvsim.policies.free_block_queue import FreeBlockQueue
+from kvsim.policies.indexes.free_block_queue import FreeBlockQueue
 
 
 def test_extend_puts_the_blocks_at_the_tail_in_order():

@@ -5,7 +5,7 @@ methods an allocator may inherit do what they say, and errors give their numbers
 import pytest
 
 from kvsim.policies.kv_allocator import KVAllocator, MemoryUsage, RunWeights, final_lengths
-from kvsim.policies.paged_allocator import PagedAllocator
+from kvsim.policies.ledger.paged_allocator import PagedAllocator
 
 
 @pytest.mark.parametrize("negative", ["token_states", "reserved", "internal_frag", "free"])

@@ -7,7 +7,7 @@ slot-seconds are the sum of its per-step values and can be counted on paper.
 
 import pytest
 
-from kvsim.simulator.memory_classes import CLASSES
+from kvsim.simulator.engine.memory_classes import CLASSES
 from kvsim.traces import Request
 
 

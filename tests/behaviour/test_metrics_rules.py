@@ -33,10 +33,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from kvsim.simulator.engine.memory_classes import CLASSES
+from kvsim.simulator.engine.metrics import REQUEST_COLUMNS, RequestLog, summarize
+from kvsim.simulator.engine.step_log import STEP_COLUMNS, StepTotals
 from kvsim.simulator.latency_histogram import LatencyHistogram
-from kvsim.simulator.memory_classes import CLASSES
-from kvsim.simulator.metrics import REQUEST_COLUMNS, RequestLog, summarize
-from kvsim.simulator.step_log import STEP_COLUMNS, StepTotals
 
 NAN = float("nan")
 REQUESTS = [  # in REQUEST_COLUMNS order

@@ -1,5 +1,5 @@
 """The paged allocator's ledger rules its other tests do not pin down
-(policies/paged_allocator.py, policies/v1_prefix_cache.py).
+(policies/ledger/paged_allocator.py, policies/ledger/v1_prefix_cache.py).
 
 1. ``check`` names what drifted: each of the ledger's running totals, corrupted by hand,
    fails with its own message (the message is the first clue when a campaign or a random
@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import pytest
 
-from kvsim.policies.block_pool import OutOfBlocks
 from kvsim.policies.kv_allocator import Admission, MemoryUsage, RunWeights
-from kvsim.policies.paged_allocator import PagedAllocator
-from kvsim.policies.v1_prefix_cache import V1PrefixCacheAllocator, block_identities
+from kvsim.policies.ledger.block_pool import OutOfBlocks
+from kvsim.policies.ledger.paged_allocator import PagedAllocator
+from kvsim.policies.ledger.v1_prefix_cache import V1PrefixCacheAllocator, block_identities
 
 B = 4  # block size (slots) in every scenario here
 

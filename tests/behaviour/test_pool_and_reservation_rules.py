@@ -4,8 +4,8 @@ invariant, and a model whose context is one token is a valid model."""
 
 import pytest
 
-from kvsim.policies.block_pool import BlockPool, OutOfBlocks, QueuedBlockPool
-from kvsim.policies.reservation import reservation_slots
+from kvsim.policies.ledger.block_pool import BlockPool, OutOfBlocks, QueuedBlockPool
+from kvsim.policies.ledger.reservation import reservation_slots
 
 
 def test_pool_keeps_its_block_size():

@@ -1,4 +1,4 @@
-"""The radix cache's packed token path (``policies/radix_cache.py``: ``packed_tokens``,
+"""The radix cache's packed token path (``policies/indexes/radix_cache.py``: ``packed_tokens``,
 ``_times4``, ``_range4``, the tree's ``unpack``): a request's tokens held as one int64 array
 while every request's can be, the same values as ``request_tokens``, and tuples from the
 first request that cannot be packed on. Written for the survivors of the module's mutation
@@ -13,7 +13,13 @@ from array import array
 import numpy as np
 import pytest
 
-from kvsim.policies.radix_cache import _INT64_MAX, _range4, _times4, packed_tokens, request_tokens
+from kvsim.policies.indexes.radix_cache import (
+    _INT64_MAX,
+    _range4,
+    _times4,
+    packed_tokens,
+    request_tokens,
+)
 from kvsim.traces import Request
 
 LIMIT = _INT64_MAX // 4  # 2**61 - 1: the largest real token id whose tag fits

@@ -1,5 +1,5 @@
 """Radix-cache rules the brute-force model in tests/policies/test_radix_cache.py leaves open
-(policies/radix_cache.py), each worked out by hand.
+(policies/indexes/radix_cache.py), each worked out by hand.
 
 1. A lookup's ``limit`` holds below the first node too: a match never runs past it.
 2. Eviction frees a node once: an older heap entry of an evicted node stays stale, and the
@@ -19,7 +19,7 @@ import re
 
 import pytest
 
-from kvsim.policies.radix_cache import RadixCacheAllocator, RadixTree, request_tokens
+from kvsim.policies.indexes.radix_cache import RadixCacheAllocator, RadixTree, request_tokens
 from kvsim.traces import Request
 
 

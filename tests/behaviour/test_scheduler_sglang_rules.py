@@ -1,4 +1,4 @@
-"""Rules of the SGLang scheduler (``simulator/scheduler_sglang.py``) that its other tests
+"""Rules of the SGLang scheduler (``simulator/sched/sglang.py``) that its other tests
 leave open, written for the survivors of its mutation campaign (mutation/README.md): the
 rejections at arrival word for word and at their boundaries, the construction errors, and
 the new-token ratio's constants. Pages of one token unless said otherwise.
@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from kvsim.policies.paged_allocator import PagedAllocator
-from kvsim.policies.radix_cache import RadixCacheAllocator
-from kvsim.simulator.scheduler_sglang import SchedulerSGLang, SGLangSettings
-from kvsim.simulator.sequence import Status
+from kvsim.policies.indexes.radix_cache import RadixCacheAllocator
+from kvsim.policies.ledger.paged_allocator import PagedAllocator
+from kvsim.simulator.sched.sequence import Status
+from kvsim.simulator.sched.sglang import SchedulerSGLang, SGLangSettings
 from kvsim.traces import Request
 
 

@@ -1,4 +1,4 @@
-"""Rules of the vllm-v1 scheduler (``simulator/scheduler_v1.py``) that its other tests leave
+"""Rules of the vllm-v1 scheduler (``simulator/sched/vllm_v1.py``) that its other tests leave
 open, written for the survivors of its mutation campaign (mutation/README.md).
 
 - When a run of decode steps may be advanced at once (``run_length``): only while the head
@@ -17,15 +17,15 @@ import random
 
 import pytest
 
-from kvsim.policies.cache_tier import CacheTier
-from kvsim.policies.contiguous_allocator import ContiguousAllocator
 from kvsim.policies.kv_allocator import Admission
-from kvsim.policies.paged_allocator import PagedAllocator
-from kvsim.policies.v1_prefix_cache import V1PrefixCacheAllocator, block_identities
-from kvsim.simulator.cache_tiers import Level, TierLink, TierStack
-from kvsim.simulator.scheduler import SchedulerSettings
-from kvsim.simulator.scheduler_v1 import SchedulerV1
-from kvsim.simulator.sequence import Status
+from kvsim.policies.ledger.contiguous_allocator import ContiguousAllocator
+from kvsim.policies.ledger.paged_allocator import PagedAllocator
+from kvsim.policies.ledger.v1_prefix_cache import V1PrefixCacheAllocator, block_identities
+from kvsim.policies.tiers.cache_tier import CacheTier
+from kvsim.policies.tiers.tier_stack import Level, TierLink, TierStack
+from kvsim.simulator.sched.scheduler import SchedulerSettings
+from kvsim.simulator.sched.sequence import Status
+from kvsim.simulator.sched.vllm_v1 import SchedulerV1
 from kvsim.traces import Request
 
 B = 4

@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from kvsim.policies.slot_space import BestFitSpace, BuddySpace, FirstFitSpace
+from kvsim.policies.ledger.slot_space import BestFitSpace, BuddySpace, FirstFitSpace
 
 
 def test_buddy_exact_can_place_counts_the_trimmed_tail():

@@ -3,9 +3,9 @@ but the new tokens still attend to them (their attention pairs are in the step s
 
 import pytest
 
-from kvsim.policies.paged_allocator import PagedAllocator
+from kvsim.policies.ledger.paged_allocator import PagedAllocator
 from kvsim.simulator.cost_model.base import causal_attention_pairs
-from kvsim.simulator.scheduler import Scheduler, SchedulerSettings, Step
+from kvsim.simulator.sched.scheduler import Scheduler, SchedulerSettings, Step
 from kvsim.traces import Request
 
 

@@ -1,4 +1,4 @@
-"""The summary's request-level numbers from a hand-made request table (simulator/metrics.py).
+"""The summary's request-level numbers from a hand-made request table (simulator/engine/metrics.py).
 
 Three requests, times in seconds; the trace starts at 10 s (not 0, so a duration that
 forgot the start would show):
@@ -14,9 +14,9 @@ import math
 import pandas as pd
 import pytest
 
+from kvsim.simulator.engine.metrics import REQUEST_COLUMNS, summarize
+from kvsim.simulator.engine.step_log import StepTotals
 from kvsim.simulator.latency_histogram import LatencyHistogram
-from kvsim.simulator.metrics import REQUEST_COLUMNS, summarize
-from kvsim.simulator.step_log import StepTotals
 
 NAN = float("nan")
 ROWS = [  # in REQUEST_COLUMNS order

@@ -5,10 +5,10 @@ from dataclasses import replace
 
 import pytest
 
-from kvsim.policies.contiguous_allocator import ContiguousAllocator
-from kvsim.policies.paged_allocator import PagedAllocator
-from kvsim.simulator.scheduler import Scheduler, SchedulerSettings, Step
-from kvsim.simulator.sequence import Status
+from kvsim.policies.ledger.contiguous_allocator import ContiguousAllocator
+from kvsim.policies.ledger.paged_allocator import PagedAllocator
+from kvsim.simulator.sched.scheduler import Scheduler, SchedulerSettings, Step
+from kvsim.simulator.sched.sequence import Status
 from kvsim.traces import Request
 
 # Swap cost of the fake model: 1/4 s per block plus 1/16 s per slot.

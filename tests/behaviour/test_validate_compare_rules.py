@@ -1,6 +1,6 @@
 """``kvsim validate``'s comparison of a replay with a measured run, on hand-made tables.
 
-The functions under test (``simulator/validate.py``): per-request latencies from the measured
+The functions under test (``simulator/app/validate.py``): per-request latencies from the measured
 request table and from kvsim's (``measured_latencies``, ``simulated_latencies``), their
 summary (``latency_stats``), the per-second curves' alignment and error (``aligned``,
 ``curve_mae``, ``curve_stats``), the percent difference, and the two workload checks
@@ -18,8 +18,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvsim.simulator.measured_run import ValidateError
-from kvsim.simulator.validate import (
+from kvsim.simulator.app.measured_run import ValidateError
+from kvsim.simulator.app.validate import (
     Latencies,
     _check_all_served,
     _check_same_requests,

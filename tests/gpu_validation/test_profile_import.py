@@ -7,7 +7,7 @@ import sys
 import pytest
 import yaml
 
-from kvsim.simulator.cli import main as kvsim
+from kvsim.simulator.app.cli import main as kvsim
 from kvsim.simulator.cost_model.operator_profile import (
     PROFILES_DIR,
     OperatorProfileError,

@@ -66,7 +66,7 @@ def test_the_wheel_holds_one_top_level_package_with_its_data(installed):
 
 
 def test_the_quickstart_runs_from_an_empty_directory(installed, tmp_path):
-    done = run_installed(installed, "-c", "import kvsim.simulator.cli as c, sys; sys.exit(c.main())",
+    done = run_installed(installed, "-c", "import kvsim.simulator.app.cli as c, sys; sys.exit(c.main())",
                          "run", "quickstart", "--run", "q", "--out", "out", "--quiet", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     run_dir = tmp_path / "out" / "quickstart" / "q"
@@ -76,7 +76,7 @@ def test_the_quickstart_runs_from_an_empty_directory(installed, tmp_path):
 
 
 def test_the_installed_modules_come_from_the_wheel(installed, tmp_path):
-    code = ("import kvsim, kvsim.simulator.engine as e, kvsim.traces as t, sys\n"
+    code = ("import kvsim, kvsim.simulator.engine.simulation as e, kvsim.traces as t, sys\n"
             "print(kvsim.__file__); print(e.__file__); print(t.DATA_DIR)\n")
     done = run_installed(installed, "-c", code, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -90,7 +90,7 @@ def test_the_installed_modules_come_from_the_wheel(installed, tmp_path):
 def test_reproduce_quick_runs_from_an_empty_directory(installed, tmp_path):
     """`kvsim reproduce vllm-paper --quick` reads its sweeps and traces from the wheel (two
     figures here, one of them on the shipped Mooncake trace; ``make wheel-check`` runs all)."""
-    done = run_installed(installed, "-c", "import kvsim.simulator.cli as c, sys; sys.exit(c.main())",
+    done = run_installed(installed, "-c", "import kvsim.simulator.app.cli as c, sys; sys.exit(c.main())",
                          "reproduce", "vllm-paper", "--quick", "--only", "fig2,mooncake", "--out", "paper",
                          "--no-progress", "--workers", "1", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]

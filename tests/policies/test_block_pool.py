@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvsim.policies.block_pool import BlockPool, OutOfBlocks
+from kvsim.policies.ledger.block_pool import BlockPool, OutOfBlocks
 
 
 def test_allocate_until_empty_then_raises():

@@ -1,5 +1,5 @@
-"""The fast cache tier (``policies.cache_tier.CacheTier``) equals the plain one
-(``policies.reference_tier.PlainTier``) on random sequences of stores, uses and lookups,
+"""The fast cache tier (``policies.tiers.cache_tier.CacheTier``) equals the plain one
+(``policies.reference.tier.PlainTier``) on random sequences of stores, uses and lookups,
 under every eviction policy; after each operation both keep their invariants (size within
 capacity, every key held once with a consistent eviction order, exact child counts).
 
@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
-from kvsim.policies.cache_tier import CacheTier
-from kvsim.policies.reference_tier import PlainTier
+from kvsim.policies.reference.tier import PlainTier
+from kvsim.policies.tiers.cache_tier import CacheTier
 
 POLICIES = ("lru", "lfu", "fifo", "arc", "priority")
 EXAMPLES = {"default": 60, "long": 2000}[os.environ.get("KVSIM_HYPOTHESIS_PROFILE", "default")]

@@ -1,4 +1,4 @@
-"""Rules of the fast cache tier (``policies.cache_tier.CacheTier``) that the differential
+"""Rules of the fast cache tier (``policies.tiers.cache_tier.CacheTier``) that the differential
 test against the plain tier cannot see, because both sides agree on them or never reach
 them: the refusal of a negative capacity, the defaults (LRU; a use that names no priority
 raises none), and ``check`` accepting a legal tree (a parent with two children).
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvsim.policies.cache_tier import CacheTier, QueueOrder
-from kvsim.policies.eviction_order import EvictionOrder
+from kvsim.policies.indexes.eviction_order import EvictionOrder
+from kvsim.policies.tiers.cache_tier import CacheTier, QueueOrder
 
 
 def test_a_negative_capacity_is_refused_with_the_tier_name_and_the_value():

@@ -16,15 +16,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvsim.policies.contiguous_allocator import (
+from kvsim.policies.kv_allocator import Admission, MemoryUsage, RunWeights, SwapResult
+from kvsim.policies.ledger.contiguous_allocator import (
     CONTIGUOUS_PRESETS,
     ContiguousAllocator,
     OutOfSlots,
     contiguous_preset,
 )
-from kvsim.policies.kv_allocator import Admission, MemoryUsage, RunWeights, SwapResult
-from kvsim.policies.reservation import RESERVATION_POLICIES, reservation_slots
-from kvsim.policies.slot_space import PLACEMENTS, make_slot_space
+from kvsim.policies.ledger.reservation import RESERVATION_POLICIES, reservation_slots
+from kvsim.policies.ledger.slot_space import PLACEMENTS, make_slot_space
 
 OPT13B_SLOTS = 15_728  # KV slots of OPT-13B on one A100-40GB (vLLM paper, Table 1)
 

@@ -1,4 +1,4 @@
-"""The v1 prefix cache's index in arrays (policies/dense_map.py) and the queued pool's
+"""The v1 prefix cache's index in arrays (policies/accel/dense_map.py) and the queued pool's
 whole-table paths (numpy past ``NUMPY_TABLE`` blocks): each must do exactly what a dict,
 or the block-by-block loop, does."""
 
@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvsim.policies.block_pool import NUMPY_TABLE, QueuedBlockPool
-from kvsim.policies.dense_map import NUMPY_RUN, DenseMap
+from kvsim.policies.accel.dense_map import NUMPY_RUN, DenseMap
+from kvsim.policies.ledger.block_pool import NUMPY_TABLE, QueuedBlockPool
 
 keys = st.one_of(st.integers(0, 40), st.integers(-3, -1),
                  st.tuples(st.just("u"), st.integers(0, 3), st.integers(0, 3)))

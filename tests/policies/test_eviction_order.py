@@ -1,5 +1,5 @@
-"""The eviction orders (``policies.eviction_order``) against the plain model
-(``policies.reference_eviction``) on random streams, and one hand-worked case per policy."""
+"""The eviction orders (``policies.indexes.eviction_order``) against the plain model
+(``policies.reference.eviction``) on random streams, and one hand-worked case per policy."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvsim.policies.eviction_order import EVICTION_POLICIES, EvictionOrder
-from kvsim.policies.reference_eviction import PlainEvictionOrder
+from kvsim.policies.indexes.eviction_order import EVICTION_POLICIES, EvictionOrder
+from kvsim.policies.reference.eviction import PlainEvictionOrder
 
 # Weighted so that several entries are usually filed when an eviction comes.
 OP_NAMES = ["insert"] * 4 + ["offer"] * 4 + ["hit"] * 3 + ["touch"] * 2 + ["evict"] * 2 + [
@@ -202,7 +202,7 @@ def test_uncached_first_queue_takes_uncached_blocks_before_the_policys_victims()
     """Blocks 0-3 free and uncached; blocks 4 and 5 hold cached keys "x" (2 uses) and "y"
     (1 use) and are freed: the queue gives 0-3 in order, then LFU's victim y (block 5), then
     x; a hit on a free cached block takes it out of the middle."""
-    from kvsim.policies.free_block_queue import UncachedFirstQueue
+    from kvsim.policies.indexes.free_block_queue import UncachedFirstQueue
 
     order = EvictionOrder("lfu", 8)
     key_of, block_of = {4: "x", 5: "y"}, {"x": 4, "y": 5}

@@ -1,4 +1,4 @@
-"""The rules of ``policies.eviction_order`` one at a time: what its defaults and errors say,
+"""The rules of ``policies.indexes.eviction_order`` one at a time: what its defaults and errors say,
 what ``check`` reports when its books are corrupted, what ``copy`` (a radix split) carries
 over, how ties and default priorities fall, how far ARC's target ``p`` moves on a ghost hit
 (worked by hand in each docstring), and when the heap sweeps its stale items.
@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvsim.policies.eviction_order import EVICTION_POLICIES, EvictionOrder
-from kvsim.policies.reference_eviction import PlainEvictionOrder
+from kvsim.policies.indexes.eviction_order import EVICTION_POLICIES, EvictionOrder
+from kvsim.policies.reference.eviction import PlainEvictionOrder
 
 
 def _raises(exc: type[Exception], message: str):

@@ -1,4 +1,4 @@
-"""vLLM v1's free block queue and the prefix cache built on it (policies/free_block_queue.py,
+"""vLLM v1's free block queue and the prefix cache built on it (policies/indexes/free_block_queue.py,
 QueuedBlockPool, V1PrefixCacheAllocator): eviction order, hits out of the middle,
 first-registration-wins, and exact memory classes."""
 
@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvsim.policies.block_pool import NUMPY_TABLE, OutOfBlocks, QueuedBlockPool
-from kvsim.policies.free_block_queue import FreeBlockQueue
-from kvsim.policies.v1_prefix_cache import V1PrefixCacheAllocator
+from kvsim.policies.indexes.free_block_queue import FreeBlockQueue
+from kvsim.policies.ledger.block_pool import NUMPY_TABLE, OutOfBlocks, QueuedBlockPool
+from kvsim.policies.ledger.v1_prefix_cache import V1PrefixCacheAllocator
 
 
 def test_queue_is_fifo_with_removal_from_the_middle():

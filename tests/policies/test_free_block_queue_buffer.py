@@ -1,4 +1,4 @@
-"""The free block queue's buffer (policies/free_block_queue.py): dead entries left by hits out
+"""The free block queue's buffer (policies/indexes/free_block_queue.py): dead entries left by hits out
 of the middle, compaction when the buffer fills, and the one-by-one and windowed takes, all
 against a plain list (the queue's meaning: free blocks, head first)."""
 
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvsim.policies import free_block_queue
-from kvsim.policies.free_block_queue import FreeBlockQueue
+from kvsim.policies.indexes import free_block_queue
+from kvsim.policies.indexes.free_block_queue import FreeBlockQueue
 
 OPS = st.lists(st.tuples(st.sampled_from(["take", "free", "hit", "pop"]), st.integers(0, 60),
                          st.integers(1, 9)), max_size=80)

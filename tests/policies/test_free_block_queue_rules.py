@@ -1,4 +1,4 @@
-"""Rules of the free block queue (policies/free_block_queue.py) that mutation testing found
+"""Rules of the free block queue (policies/indexes/free_block_queue.py) that mutation testing found
 unchecked: the one-line errors word for word, block numbers at the edges of the slot array
 (the last one it holds, one past it, a negative one), the buffer holding no gaps, a wide
 take from the buffer's first slot, never-used blocks kept as a range through a hit, the
@@ -10,9 +10,9 @@ import re
 
 import pytest
 
-from kvsim.policies import free_block_queue
-from kvsim.policies.eviction_order import EvictionOrder
-from kvsim.policies.free_block_queue import FreeBlockQueue, UncachedFirstQueue
+from kvsim.policies.indexes import free_block_queue
+from kvsim.policies.indexes.eviction_order import EvictionOrder
+from kvsim.policies.indexes.free_block_queue import FreeBlockQueue, UncachedFirstQueue
 
 
 def exactly(message: str) -> str:

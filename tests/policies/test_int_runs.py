@@ -1,4 +1,4 @@
-"""Runs of block numbers and keys as typed arrays (policies/int_runs.py): each helper gives
+"""Runs of block numbers and keys as typed arrays (policies/accel/int_runs.py): each helper gives
 exactly the array the item-by-item definition gives, and numpy reads them in place."""
 
 from array import array
@@ -8,12 +8,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvsim.policies import int_runs
-from kvsim.policies.block_pool import QueuedBlockPool
-from kvsim.policies.dense_map import DenseMap
-from kvsim.policies.int_runs import BLOCKS, KEYS, arange, extend_run, from_numpy, view
-from kvsim.policies.key_chain import KeyChain
-from kvsim.policies.v1_prefix_cache import V1PrefixCacheAllocator
+from kvsim.policies.accel import int_runs
+from kvsim.policies.accel.dense_map import DenseMap
+from kvsim.policies.accel.int_runs import BLOCKS, KEYS, arange, extend_run, from_numpy, view
+from kvsim.policies.indexes.key_chain import KeyChain
+from kvsim.policies.ledger.block_pool import QueuedBlockPool
+from kvsim.policies.ledger.v1_prefix_cache import V1PrefixCacheAllocator
 
 
 @given(st.integers(0, 2**31 - 2000), st.integers(0, 1500), st.sampled_from([BLOCKS, KEYS]))

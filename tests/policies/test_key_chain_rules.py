@@ -1,4 +1,4 @@
-"""Rules of the key chain (policies/key_chain.py) that mutation testing found unchecked: the
+"""Rules of the key chain (policies/indexes/key_chain.py) that mutation testing found unchecked: the
 plain walk's root parent, the bisection's exact answer, the kinds of contents kept as they
 come, and the walk's cost promise (strides that double from the first one, each a C-level comparison
 of one slice of the run, token blocks compared as raw bytes)."""
@@ -9,9 +9,9 @@ from array import array
 
 import pytest
 
-from kvsim.policies import key_chain
-from kvsim.policies.key_chain import KeyChain, _first_mismatch, chain_keys_plain
-from kvsim.policies.token_blocks import TokenBlocks
+from kvsim.policies.indexes import key_chain
+from kvsim.policies.indexes.key_chain import KeyChain, _first_mismatch, chain_keys_plain
+from kvsim.policies.indexes.token_blocks import TokenBlocks
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""The key chain's runs end at branch keys (policies/key_chain.py): a key created right after
+"""The key chain's runs end at branch keys (policies/indexes/key_chain.py): a key created right after
 a run, by another parent, is not that run's next key even when its content is the one
 sought. Contents here carry no position (real token blocks do not either), so equal
 contents meet under different parents, which positional contents never do."""
@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvsim.policies import key_chain
-from kvsim.policies.key_chain import FIRST_STRIDE, KeyChain, chain_keys_plain
+from kvsim.policies.indexes import key_chain
+from kvsim.policies.indexes.key_chain import FIRST_STRIDE, KeyChain, chain_keys_plain
 
 
 def test_a_branch_key_after_a_run_is_not_the_run_s_next_key():

@@ -18,8 +18,8 @@ import pytest
 from kvsim.policies.example_first_fit_paged import FirstFitPagedAllocator
 from kvsim.policies.kv_allocator import BasicAllocator, KVAllocator, RunWeights
 from kvsim.simulator.cost_model.base import BatchShape, CostModel
-from kvsim.simulator.engine import Simulation
-from kvsim.simulator.scheduler import SchedulerSettings
+from kvsim.simulator.engine.simulation import Simulation
+from kvsim.simulator.sched.scheduler import SchedulerSettings
 from kvsim.traces import Request
 
 BASIC_DEFAULTS = ["free_slots", "fork_into", "copy_into", "can_swap_out", "swap_out", "check_swap_in", "swap_in"]

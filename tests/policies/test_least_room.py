@@ -7,7 +7,7 @@ every sequence at every append."""
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvsim.policies.paged_allocator import PagedAllocator
+from kvsim.policies.ledger.paged_allocator import PagedAllocator
 
 
 @settings(max_examples=40, deadline=None)

@@ -6,9 +6,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvsim.policies.block_pool import OutOfBlocks
 from kvsim.policies.kv_allocator import Admission, RunWeights
-from kvsim.policies.paged_allocator import PagedAllocator, blocks_for, blocks_to_grow, common_prefix
+from kvsim.policies.ledger.block_pool import OutOfBlocks
+from kvsim.policies.ledger.paged_allocator import (
+    PagedAllocator,
+    blocks_for,
+    blocks_to_grow,
+    common_prefix,
+)
 
 
 def test_new_block_only_when_last_is_full():

@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvsim.policies.kv_allocator import Admission
-from kvsim.policies.paged_allocator import PagedAllocator
+from kvsim.policies.ledger.paged_allocator import PagedAllocator
 
 
 def contents(tag, n):

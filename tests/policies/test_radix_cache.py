@@ -1,4 +1,4 @@
-"""SGLang's radix cache (policies/radix_cache.py) against a brute-force model, plus
+"""SGLang's radix cache (policies/indexes/radix_cache.py) against a brute-force model, plus
 hand-worked cases: splits, access refresh, each eviction policy's order, duplicates
 freed, and exact memory classes of the allocator on top.
 
@@ -15,7 +15,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvsim.policies.radix_cache import RadixCacheAllocator, RadixTree, packed_tokens, request_tokens
+from kvsim.policies.indexes.radix_cache import (
+    RadixCacheAllocator,
+    RadixTree,
+    packed_tokens,
+    request_tokens,
+)
 from kvsim.traces import Request
 
 

@@ -1,4 +1,4 @@
-"""The plain cache tier (``policies.reference_tier``), by hand-worked cases: which entry each
+"""The plain cache tier (``policies.reference.tier``), by hand-worked cases: which entry each
 eviction policy evicts, leaf-only eviction under ``priority``, dropped stores, ready times.
 
 Notation: keys are letters; a tier's clock ticks once per stored key and per used key, so
@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from kvsim.policies.reference_tier import PlainTier
+from kvsim.policies.reference.tier import PlainTier
 
 
 def stored(tier: PlainTier, *keys: str, parents=None, ready_s: float = 0.0, priority: int = 0):

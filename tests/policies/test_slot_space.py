@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvsim.policies.slot_space import (
+from kvsim.policies.ledger.slot_space import (
     PLACEMENTS,
     BestFitSpace,
     BuddySpace,

@@ -1,5 +1,5 @@
-"""Token blocks held as one run of bytes (policies/token_blocks.py) behave as the list of their
-blocks, and the key chain keeps them so while every content is one (policies/key_chain.py)."""
+"""Token blocks held as one run of bytes (policies/indexes/token_blocks.py) behave as the list of their
+blocks, and the key chain keeps them so while every content is one (policies/indexes/key_chain.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvsim.policies.key_chain import KeyChain, chain_keys_plain
-from kvsim.policies.token_blocks import TokenBlocks
+from kvsim.policies.indexes.key_chain import KeyChain, chain_keys_plain
+from kvsim.policies.indexes.token_blocks import TokenBlocks
 
 
 def blocks_of(data: bytes, width: int) -> list[bytes]:

@@ -1,4 +1,4 @@
-"""The one-line errors of token blocks (policies/token_blocks.py), word for word: a bad width
+"""The one-line errors of token blocks (policies/indexes/token_blocks.py), word for word: a bad width
 and an append to a fixed run say what is allowed."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from kvsim.policies.token_blocks import TokenBlocks
+from kvsim.policies.indexes.token_blocks import TokenBlocks
 
 
 def test_a_width_that_does_not_divide_the_data_says_what_is_allowed():

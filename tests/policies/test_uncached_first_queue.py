@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvsim.policies.eviction_order import EvictionOrder
-from kvsim.policies.free_block_queue import UncachedFirstQueue
+from kvsim.policies.indexes.eviction_order import EvictionOrder
+from kvsim.policies.indexes.free_block_queue import UncachedFirstQueue
 
 
 def queue(blocks=(), cached: dict[int, str] | None = None) -> UncachedFirstQueue:

@@ -1,15 +1,15 @@
 """The v1 prefix cache's per-run paths (speed): chained keys walked a run at a
-time (policies/key_chain.py), whole-table releases and whole-hit holds in the queued pool,
+time (policies/indexes/key_chain.py), whole-table releases and whole-hit holds in the queued pool,
 lookups in strides. Each must give exactly what the block-by-block definition gives."""
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvsim.policies.block_pool import QueuedBlockPool
-from kvsim.policies.free_block_queue import FreeBlockQueue
-from kvsim.policies.key_chain import KeyChain, chain_keys_plain
-from kvsim.policies.v1_prefix_cache import V1PrefixCacheAllocator, block_identities
+from kvsim.policies.indexes.free_block_queue import FreeBlockQueue
+from kvsim.policies.indexes.key_chain import KeyChain, chain_keys_plain
+from kvsim.policies.ledger.block_pool import QueuedBlockPool
+from kvsim.policies.ledger.v1_prefix_cache import V1PrefixCacheAllocator, block_identities
 
 # A prompt: a cut of an earlier prompt (a shared prefix) plus new blocks from a small
 # alphabet, so contents repeat under different parents and chains branch and rejoin runs.

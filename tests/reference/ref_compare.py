@@ -24,16 +24,16 @@ from pathlib import Path
 from hypothesis import HealthCheck, note, settings
 
 from kvsim.simulator.config import ExperimentConfig
-from kvsim.simulator.engine import Simulation, SimulationStalled
-from kvsim.simulator.memory_classes import CLASSES
-from kvsim.simulator.reference import TIER_COUNTERS, ReferenceStalled
-from kvsim.simulator.reference_simulation import COUNTERS, simulate
-from kvsim.simulator.runner import (
+from kvsim.simulator.engine.memory_classes import CLASSES
+from kvsim.simulator.engine.runner import (
     make_allocator_factory,
     make_cost_factory,
     make_tier_factory,
     scheduler_settings,
 )
+from kvsim.simulator.engine.simulation import Simulation, SimulationStalled
+from kvsim.simulator.reference.simulation import COUNTERS, simulate
+from kvsim.simulator.reference.vllm import TIER_COUNTERS, ReferenceStalled
 from kvsim.traces import Request
 
 EXACT_COLUMNS = (

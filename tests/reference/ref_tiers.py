@@ -21,9 +21,9 @@ from ref_cases import SLOTS_PER_GIB, base_config
 from ref_compare import case_source, check_case, differences, differential_settings
 from reuse_cases import seeded_reuse_requests
 
-from kvsim.policies.eviction_order import EVICTION_POLICIES
+from kvsim.policies.indexes.eviction_order import EVICTION_POLICIES
 from kvsim.simulator.config import ExperimentConfig
-from kvsim.simulator.reference_simulation import ReferenceSimulation
+from kvsim.simulator.reference.simulation import ReferenceSimulation
 
 WRITES = ("write-through", "write-through-after-hits", "write-back")
 BYTES_PER_TOKEN = 2**30 // SLOTS_PER_GIB  # Llama-2-7B: 0.5 MiB of KV per token

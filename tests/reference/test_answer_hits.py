@@ -2,8 +2,8 @@
 
 The engines name a request's generated tokens by its ``output_token_ids`` when it has them
 (vLLM v1: ``simulator.decoding.prefix_contents(..., with_output=True)`` and the reference's
-``sequence_block_names``; SGLang: ``request_tokens`` in ``policies.radix_cache`` and
-``simulator.reference_sglang``), so a later prompt that resends prompt + answer hits both.
+``sequence_block_names``; SGLang: ``request_tokens`` in ``policies.indexes.radix_cache`` and
+``simulator.reference.sglang``), so a later prompt that resends prompt + answer hits both.
 Hand-worked cases first (reference and fast engine, each against the derivation), then the
 differential test on drawn cases where later prompts resend earlier prompts + answers, and
 a check that those cases do hit answers.
@@ -20,9 +20,9 @@ from ref_cases import base_config, sglang_cases, v1_cases
 from ref_compare import assert_same, case_source, run_fast
 
 from kvsim.simulator.config import ExperimentConfig
-from kvsim.simulator.reference import ReferenceStalled
-from kvsim.simulator.reference_simulation import simulate
-from kvsim.simulator.runner import make_cost_factory
+from kvsim.simulator.engine.runner import make_cost_factory
+from kvsim.simulator.reference.simulation import simulate
+from kvsim.simulator.reference.vllm import ReferenceStalled
 from kvsim.traces import Request
 
 PROMPT_1, ANSWER_1, USER_2 = 40, 30, 10

@@ -1,5 +1,5 @@
 """Every eviction policy (``allocator.eviction_policy``) in the fast engines equals the
-reference engines, which keep the policies plainly (``policies.reference_eviction``):
+reference engines, which keep the policies plainly (``policies.reference.eviction``):
 vllm-v0's and vllm-v1's prefix caches and sglang's radix cache, under eviction pressure,
 with request priorities. The cases are drawn so that evictions happen and the policy's
 choice matters (``test_the_cases_evict_and_the_policy_changes_the_outcome`` measures both
@@ -25,7 +25,7 @@ from ref_cases import (
 from ref_compare import assert_same, check_case, differences, differential_settings, run_fast
 from reuse_cases import reuse_workloads, seeded_reuse_requests, with_priorities
 
-from kvsim.policies.eviction_order import EVICTION_POLICIES as POLICIES
+from kvsim.policies.indexes.eviction_order import EVICTION_POLICIES as POLICIES
 from kvsim.simulator.config import ExperimentConfig
 from kvsim.traces import Request
 

@@ -1,7 +1,7 @@
 """The fast engine against the reference engine on random small workloads and configs.
 
-The reference (``simulator.reference``, ``policies.reference_paged``,
-``policies.reference_contiguous``) steps one iteration at a time over real block tables;
+The reference (``simulator.reference.vllm``, ``policies.reference.paged``,
+``policies.reference.contiguous``) steps one iteration at a time over real block tables;
 the fast path advances runs of decode steps in closed form over lazy tables. They must
 agree on every request, every step total and every memory class (``ref_compare``).
 
@@ -32,13 +32,13 @@ from ref_cases import (
 )
 from ref_compare import assert_same, check_case, differences, differential_settings
 
-from kvsim.policies.reference_paged import ReferenceFreeQueueAllocator
-from kvsim.policies.reference_radix import EVICTION_KEYS
-from kvsim.simulator import reference_sglang
+from kvsim.policies.reference.paged import ReferenceFreeQueueAllocator
+from kvsim.policies.reference.radix import EVICTION_KEYS
 from kvsim.simulator.config import ExperimentConfig
 from kvsim.simulator.cost_model.roofline import RooflineCostModel
-from kvsim.simulator.reference import ReferenceReplica, ReferenceStalled, ReferenceV1Replica
-from kvsim.simulator.reference_simulation import simulate
+from kvsim.simulator.reference import sglang as reference_sglang
+from kvsim.simulator.reference.simulation import simulate
+from kvsim.simulator.reference.vllm import ReferenceReplica, ReferenceStalled, ReferenceV1Replica
 from kvsim.traces import Request
 
 PROFILES = {"default": 60, "long": 3000}

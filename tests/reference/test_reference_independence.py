@@ -12,45 +12,45 @@ from ref_cases import cases, sglang_cases, sglang_pressure_cases, v1_cases
 
 import kvsim
 from kvsim.simulator.config import ExperimentConfig
-from kvsim.simulator.reference import ReferenceReplica, ReferenceV1Replica
-from kvsim.simulator.reference_sglang import ReferenceSGLangReplica
-from kvsim.simulator.reference_simulation import simulate
+from kvsim.simulator.reference.sglang import ReferenceSGLangReplica
+from kvsim.simulator.reference.simulation import simulate
+from kvsim.simulator.reference.vllm import ReferenceReplica, ReferenceV1Replica
 
 ROOT = Path(kvsim.__file__).parent  # the package's folders: the checkout's, or mutmut's copies
 REFERENCE = (
-    "simulator/reference.py",
-    "simulator/reference_simulation.py",
-    "policies/reference_paged.py",
-    "policies/reference_contiguous.py",
-    "simulator/reference_sglang.py",
-    "policies/reference_radix.py",
-    "policies/reference_eviction.py",
-    "policies/reference_tier.py",
+    "simulator/reference/vllm.py",
+    "simulator/reference/simulation.py",
+    "policies/reference/paged.py",
+    "policies/reference/contiguous.py",
+    "simulator/reference/sglang.py",
+    "policies/reference/radix.py",
+    "policies/reference/eviction.py",
+    "policies/reference/tier.py",
 )
 #: The fast path's machinery: clocks, buckets, lazy tables, closed forms, folded logs.
 FAST = (
-    "kvsim.simulator.engine",
-    "kvsim.simulator.scheduler",
-    "kvsim.simulator.scheduler_v1",
-    "kvsim.simulator.scheduler_sglang",
-    "kvsim.simulator.step_log",
+    "kvsim.simulator.engine.simulation",
+    "kvsim.simulator.sched.scheduler",
+    "kvsim.simulator.sched.vllm_v1",
+    "kvsim.simulator.sched.sglang",
+    "kvsim.simulator.engine.step_log",
     "kvsim.simulator.latency_histogram",
-    "kvsim.simulator.memory_classes",
-    "kvsim.simulator.metrics",
-    "kvsim.simulator.runner",
-    "kvsim.simulator.sequence",
-    "kvsim.policies.paged_allocator",
-    "kvsim.policies.contiguous_allocator",
-    "kvsim.policies.slot_space",
-    "kvsim.policies.block_pool",
+    "kvsim.simulator.engine.memory_classes",
+    "kvsim.simulator.engine.metrics",
+    "kvsim.simulator.engine.runner",
+    "kvsim.simulator.sched.sequence",
+    "kvsim.policies.ledger.paged_allocator",
+    "kvsim.policies.ledger.contiguous_allocator",
+    "kvsim.policies.ledger.slot_space",
+    "kvsim.policies.ledger.block_pool",
     "kvsim.policies.kv_allocator",
-    "kvsim.policies.reservation",
-    "kvsim.policies.radix_cache",
-    "kvsim.policies.v1_prefix_cache",
-    "kvsim.policies.eviction_order",
-    "kvsim.policies.free_block_queue",
-    "kvsim.policies.cache_tier",
-    "kvsim.simulator.cache_tiers",
+    "kvsim.policies.ledger.reservation",
+    "kvsim.policies.indexes.radix_cache",
+    "kvsim.policies.ledger.v1_prefix_cache",
+    "kvsim.policies.indexes.eviction_order",
+    "kvsim.policies.indexes.free_block_queue",
+    "kvsim.policies.tiers.cache_tier",
+    "kvsim.policies.tiers.tier_stack",
 )
 
 
@@ -75,9 +75,9 @@ def test_reference_imports_none_of_the_fast_machinery():
 def test_the_import_check_sees_a_forbidden_import(tmp_path):
     planted = tmp_path / "x.py"
     planted.write_text(
-        "from kvsim.simulator.scheduler import Scheduler\nimport kvsim.policies.paged_allocator\n"
+        "from kvsim.simulator.sched.scheduler import Scheduler\nimport kvsim.policies.ledger.paged_allocator\n"
     )
-    assert {"kvsim.simulator.scheduler", "kvsim.policies.paged_allocator"} <= imported_modules(planted)
+    assert {"kvsim.simulator.sched.scheduler", "kvsim.policies.ledger.paged_allocator"} <= imported_modules(planted)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -110,8 +110,8 @@ def test_reference_allocators_balance_their_books_after_every_step(case):
 def test_an_sglang_config_runs_under_the_reference_sglang_rules():
     """An sglang config must not silently run under the reference's v0 rules: its replicas
     are ReferenceSGLangReplica over the reference radix cache, with the config's settings."""
-    from kvsim.policies.reference_radix import ReferenceRadixCache
-    from kvsim.simulator.reference_simulation import ReferenceSimulation
+    from kvsim.policies.reference.radix import ReferenceRadixCache
+    from kvsim.simulator.reference.simulation import ReferenceSimulation
 
     cfg = ExperimentConfig.model_validate({
         "model": {"name": "llama-2-7b"}, "hardware": {"gpu": "a100-80gb", "kv_cache_gib": 1},

@@ -9,7 +9,7 @@ from pathlib import Path
 from ref_compare import assert_same
 
 from kvsim.simulator.config import load_config
-from kvsim.simulator.reference_simulation import simulate
+from kvsim.simulator.reference.simulation import simulate
 from kvsim.simulator.workload import build_requests
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "moe" / "qwen3-30b-a3b.yaml"

@@ -16,8 +16,8 @@ from ref_cases import base_config
 from ref_compare import assert_same
 
 from kvsim.simulator.config import ExperimentConfig, load_config
-from kvsim.simulator.reference_simulation import simulate
-from kvsim.simulator.runner import make_cost_factory
+from kvsim.simulator.engine.runner import make_cost_factory
+from kvsim.simulator.reference.simulation import simulate
 from kvsim.simulator.workload import build_requests
 from kvsim.traces import Request
 

@@ -2,8 +2,8 @@
 
 Each case lists, in its docstring, the chunks every step schedules (request: tokens), who is
 preempted, when tokens are sampled and which cached blocks are hit or evicted, derived by
-hand from the rules (``simulator.reference.ReferenceV1Replica``,
-``policies.reference_paged.ReferenceFreeQueueAllocator``). The test checks the reference
+hand from the rules (``simulator.reference.vllm.ReferenceV1Replica``,
+``policies.reference.paged.ReferenceFreeQueueAllocator``). The test checks the reference
 against that derivation, then checks that the fast engine agrees with the reference.
 
 Notation: B is the block size; "end of step k" is the time step k's computation ends (its
@@ -17,8 +17,8 @@ from ref_cases import base_config
 from ref_compare import assert_same
 
 from kvsim.simulator.config import ExperimentConfig
-from kvsim.simulator.reference import ReferenceV1Replica
-from kvsim.simulator.reference_simulation import simulate
+from kvsim.simulator.reference.simulation import simulate
+from kvsim.simulator.reference.vllm import ReferenceV1Replica
 from kvsim.traces import Request
 
 

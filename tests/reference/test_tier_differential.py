@@ -1,5 +1,5 @@
 """Cache tiers (``allocator.tiers``) in the fast engine equal the reference engine, which
-keeps them plainly (``simulator.reference.ReferenceTiers`` over ``policies.reference_tier``:
+keeps them plainly (``simulator.reference.vllm.ReferenceTiers`` over ``policies.reference.tier``:
 SimPy links, one process per transfer): every request's times, hits, loaded tokens and load
 wait, the step totals, and every tier's counters.
 
@@ -29,9 +29,9 @@ from ref_tiers import (
 )
 from reuse_cases import reuse_workloads, with_priorities
 
-from kvsim.policies.eviction_order import EVICTION_POLICIES as POLICIES
+from kvsim.policies.indexes.eviction_order import EVICTION_POLICIES as POLICIES
 from kvsim.simulator.config import ExperimentConfig
-from kvsim.simulator.reference_simulation import ReferenceSimulation
+from kvsim.simulator.reference.simulation import ReferenceSimulation
 
 
 @st.composite

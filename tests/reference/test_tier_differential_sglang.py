@@ -1,7 +1,7 @@
 """Cache tiers (``allocator.tiers``) under ``scheduler.policy: sglang`` (SGLang's HiCache) in
 the fast engine equal the reference engine, which keeps them plainly (pages named by their
-tokens up to the page's end, ``simulator.reference.ReferenceTiers`` over
-``policies.reference_tier``: SimPy links, one process per transfer): every request's times,
+tokens up to the page's end, ``simulator.reference.vllm.ReferenceTiers`` over
+``policies.reference.tier``: SimPy links, one process per transfer): every request's times,
 hits, loaded tokens and load wait, the step totals, and every tier's counters.
 
 The cases are sglang configs of every queue order and eviction policy with a small radix
@@ -27,7 +27,7 @@ from ref_tiers import (
 )
 from reuse_cases import reuse_workloads, with_priorities
 
-from kvsim.policies.eviction_order import EVICTION_POLICIES as POLICIES
+from kvsim.policies.indexes.eviction_order import EVICTION_POLICIES as POLICIES
 from kvsim.traces import Request
 
 

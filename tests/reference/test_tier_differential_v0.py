@@ -1,7 +1,7 @@
 """Cache tiers (``allocator.tiers``) under ``scheduler.policy: vllm-v0`` (the paper's scheduler,
 with an offloading connector such as LMCache below its prefix cache) in the fast engine equal
-the reference engine (``simulator.reference.ReferenceReplica.load_head`` over
-``policies.reference_paged`` and ``ReferenceTiers``): every request's times, hits, loaded
+the reference engine (``simulator.reference.vllm.ReferenceReplica.load_head`` over
+``policies.reference.paged`` and ``ReferenceTiers``): every request's times, hits, loaded
 tokens and load wait, the step totals, and every tier's counters.
 
 The cases are v0 configs of every setting the v0 differential tests draw (watermark, swap
@@ -25,7 +25,7 @@ from ref_tiers import (
 )
 from reuse_cases import reuse_workloads, with_priorities
 
-from kvsim.policies.eviction_order import EVICTION_POLICIES
+from kvsim.policies.indexes.eviction_order import EVICTION_POLICIES
 
 #: GPU eviction policies v0 models (its allocator is not told priorities)
 V0_POLICIES = [p for p in EVICTION_POLICIES if p != "priority"]

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from kvsim.policies.paged_allocator import PagedAllocator
+from kvsim.policies.ledger.paged_allocator import PagedAllocator
 from kvsim.simulator.cost_model import GPUS, MODELS, RooflineCostModel
-from kvsim.simulator.engine import Simulation
-from kvsim.simulator.scheduler import SchedulerSettings
+from kvsim.simulator.engine.simulation import Simulation
+from kvsim.simulator.sched.scheduler import SchedulerSettings
 
 sys.path.insert(0, str(Path(__file__).parent))
 

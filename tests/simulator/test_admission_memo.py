@@ -1,10 +1,10 @@
 """A head of the queue refused for memory is not asked about again until memory is released
-(simulator/scheduler.py: ``_refused``; memory only shrinks while decoding), and is asked,
+(simulator/sched/scheduler.py: ``_refused``; memory only shrinks while decoding), and is asked,
 and admitted, as soon as it is."""
 
 from kvsim.policies.kv_allocator import Admission
-from kvsim.policies.paged_allocator import PagedAllocator
-from kvsim.simulator.scheduler import Scheduler, SchedulerSettings
+from kvsim.policies.ledger.paged_allocator import PagedAllocator
+from kvsim.simulator.sched.scheduler import Scheduler, SchedulerSettings
 from kvsim.traces import Request
 
 

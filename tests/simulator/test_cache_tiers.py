@@ -1,4 +1,4 @@
-"""Cache tiers below the GPU (simulator.cache_tiers): the link's arithmetic, each write
+"""Cache tiers below the GPU (policies.tiers.tier_stack): the link's arithmetic, each write
 policy worked out by hand, a load's timing end to end, the books under random workloads
 (hypothesis: allocator and tiers checked after every step) and macro steps unchanged."""
 
@@ -12,12 +12,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tier_cases import multi_turn_config, run_steps, tier_stack
 
-from kvsim.policies.v1_prefix_cache import V1PrefixCacheAllocator
-from kvsim.simulator.cache_tiers import TierLink, TierStack, chain_parents
+from kvsim.policies.ledger.v1_prefix_cache import V1PrefixCacheAllocator
+from kvsim.policies.tiers.tier_stack import TierLink, TierStack, chain_parents
 from kvsim.simulator.config import ConfigError, load_config
-from kvsim.simulator.runner import run_experiment
-from kvsim.simulator.scheduler import SchedulerSettings
-from kvsim.simulator.scheduler_v1 import SchedulerV1
+from kvsim.simulator.engine.runner import run_experiment
+from kvsim.simulator.sched.scheduler import SchedulerSettings
+from kvsim.simulator.sched.vllm_v1 import SchedulerV1
 from kvsim.traces import Request
 
 B = 4

@@ -1,4 +1,4 @@
-"""Rules of the tier stack (``simulator.cache_tiers.TierStack``) that two tiers cannot show:
+"""Rules of the tier stack (``policies.tiers.tier_stack.TierStack``) that two tiers cannot show:
 with three tiers, what a tier stores or evicts goes to the tier *below* it (with two, the
 tier below the top is also the last one, so "below" and "the last" agree), and a load from
 tier ``i`` counts toward tier ``i + 1``'s after-hits store with each block's chain parent.
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvsim.policies.cache_tier import CacheTier
-from kvsim.simulator.cache_tiers import Level, TierLink, TierStack, chain_parents
+from kvsim.policies.tiers.cache_tier import CacheTier
+from kvsim.policies.tiers.tier_stack import Level, TierLink, TierStack, chain_parents
 
 B = 4
 

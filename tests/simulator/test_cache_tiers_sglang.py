@@ -11,11 +11,11 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from tier_cases import multi_turn_config, run_steps, tier_stack
 
-from kvsim.policies.radix_cache import PageChain, RadixCacheAllocator, request_tokens
-from kvsim.simulator.cache_tiers import TierStack
+from kvsim.policies.indexes.radix_cache import PageChain, RadixCacheAllocator, request_tokens
+from kvsim.policies.tiers.tier_stack import TierStack
 from kvsim.simulator.config import load_config
-from kvsim.simulator.runner import run_experiment
-from kvsim.simulator.scheduler_sglang import SchedulerSGLang, SGLangSettings
+from kvsim.simulator.engine.runner import run_experiment
+from kvsim.simulator.sched.sglang import SchedulerSGLang, SGLangSettings
 from kvsim.traces import Request
 
 P = 4  # tokens per page

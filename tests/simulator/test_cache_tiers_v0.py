@@ -15,11 +15,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tier_cases import multi_turn_config, run_steps, tier_stack
 
-from kvsim.policies.paged_allocator import PagedAllocator
-from kvsim.simulator.cache_tiers import TierStack
+from kvsim.policies.ledger.paged_allocator import PagedAllocator
+from kvsim.policies.tiers.tier_stack import TierStack
 from kvsim.simulator.config import ConfigError, load_config
-from kvsim.simulator.runner import run_experiment
-from kvsim.simulator.scheduler import Scheduler, SchedulerSettings
+from kvsim.simulator.engine.runner import run_experiment
+from kvsim.simulator.sched.scheduler import Scheduler, SchedulerSettings
 from kvsim.traces import Request
 
 B = 4  # tokens per block

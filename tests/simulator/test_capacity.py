@@ -19,7 +19,7 @@ from kvsim.simulator.capacity import (
 )
 from kvsim.simulator.config import ConfigError, validate_config
 from kvsim.simulator.cost_model.catalogue import GPUS, MODELS, GiB
-from kvsim.simulator.runner import run_experiment
+from kvsim.simulator.engine.runner import run_experiment
 
 LLAMA = MODELS["llama-3.1-8b"]
 RTX4090_TOTAL = 25_250_627_584

@@ -3,7 +3,7 @@ stderr (``error: ...``), never a traceback; and the silent wrong answers found s
 now refused, each with its reason.
 
 Each case is a (name, files, argv, expected words) tuple: ``files`` are written into a
-temporary folder that is the current folder, ``argv`` runs through :func:`simulator.cli.main`
+temporary folder that is the current folder, ``argv`` runs through :func:`simulator.app.cli.main`
 in-process (small inputs: the whole corpus takes seconds). A word starting with ``!`` must not
 appear in the line (a pydantic internal name, a line of the base file blamed for ``--set``).
 """
@@ -16,7 +16,7 @@ import time
 import pytest
 import yaml
 
-from kvsim.simulator.cli import main
+from kvsim.simulator.app.cli import main
 from kvsim.simulator.config import MAX_YAML_NODES, ConfigError, load_config
 
 TINY = {
@@ -345,7 +345,7 @@ def test_running_out_of_memory_is_one_line(tmp_path, monkeypatch, capsys):
     def huge(*args, **kwargs):
         raise MemoryError
 
-    monkeypatch.setattr("kvsim.simulator.runner.run_experiment", huge)
+    monkeypatch.setattr("kvsim.simulator.engine.runner.run_experiment", huge)
     assert main(["run", "ok.yaml", "--no-plot", "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: out of memory")

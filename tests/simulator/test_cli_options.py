@@ -10,7 +10,7 @@ from collections import defaultdict
 
 import pytest
 
-from kvsim.simulator.cli import build_parser, main
+from kvsim.simulator.app.cli import build_parser, main
 
 # Options whose help names the command's own scope or default (which runs a --set reaches,
 # where --out writes, which figures --no-plot skips); everything else about them must agree.

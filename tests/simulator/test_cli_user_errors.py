@@ -4,7 +4,7 @@ so a class that moved would silently stop being caught."""
 
 import importlib
 
-from kvsim.simulator.cli import USER_ERRORS, UsageError, _user_errors
+from kvsim.simulator.app.cli import USER_ERRORS, UsageError, _user_errors
 
 
 def test_every_user_error_is_named_by_its_defining_module():

@@ -25,7 +25,7 @@ from kvsim.simulator.cost_model.interconnect import (
 )
 from kvsim.simulator.cost_model.profiled import ProfiledCostModel, load_profile
 from kvsim.simulator.cost_model.roofline import RooflineCostModel
-from kvsim.simulator.runner import make_cost_factory, run_experiment
+from kvsim.simulator.engine.runner import make_cost_factory, run_experiment
 
 GB = 1e9
 SHAPES = [

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvsim.simulator.cli import main
+from kvsim.simulator.app.cli import main
 from kvsim.simulator.config import (
     RENAMED,
     CalibratedCostConfig,
@@ -200,7 +200,7 @@ def test_contiguous_capacity_counts_16_token_blocks_without_a_block_size_key():
 def test_profiled_overhead_left_unset_stays_zero_when_the_resolved_config_is_reloaded():
     """Before: the resolved config wrote the roofline's default overhead, and reloading it
     set that overhead on a profiled run (which runs with none unless asked)."""
-    from kvsim.simulator.runner import make_cost_factory
+    from kvsim.simulator.engine.runner import make_cost_factory
 
     raw = {**raw_good(), "cost_model": {"kind": "profiled", "profile": "rtx4090-llama-3.1-8b"}}
     raw["model"] = {"name": "llama-3.1-8b", "context_len_tokens": 4096}
@@ -311,7 +311,7 @@ def test_new_names_carry_the_values_the_old_ones_did(tmp_path):
 
 def test_every_shipped_config_and_sweep_loads():
     """Every config under configs/ uses today's names (a sweep: every point of it)."""
-    from kvsim.simulator.sweep import expand_points, load_sweep, validate_points
+    from kvsim.simulator.app.sweep import expand_points, load_sweep, validate_points
 
     paths = sorted(CONFIGS.rglob("*.yaml"))
     assert len(paths) >= 20

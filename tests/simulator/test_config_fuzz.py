@@ -179,10 +179,10 @@ def _read_workload_and_stop(cfg, base_dir, requests=None, progress=None):
 def test_kvsim_run_with_random_sets_validates_or_says_one_line(tmp_path, monkeypatch, capsys, base, sets):
     """``kvsim run BASE --set KEY=VALUE ...`` with random keys and values: the config is accepted
     (and its workload's first requests read), or the command exits 2 with one ``error:`` line."""
-    from kvsim.simulator.cli import main
+    from kvsim.simulator.app.cli import main
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr("kvsim.simulator.runner.run_experiment", _read_workload_and_stop)
+    monkeypatch.setattr("kvsim.simulator.engine.runner.run_experiment", _read_workload_and_stop)
     (tmp_path / "t.csv").write_text(TRACE_CSV)
     (tmp_path / base).write_text(yaml.safe_dump(RUN_BASES[base]))
     capsys.readouterr()

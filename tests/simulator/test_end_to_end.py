@@ -5,7 +5,7 @@ from pathlib import Path
 import pandas as pd
 
 from kvsim.simulator.config import load_config
-from kvsim.simulator.runner import run_experiment
+from kvsim.simulator.engine.runner import run_experiment
 from kvsim.traces.loaders import load_trace
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,7 +59,7 @@ def test_contiguous_memory_classes_sum_to_capacity_every_step():
 
 
 def test_resolved_config_of_a_trace_run_loads_again(tmp_path):
-    from kvsim.simulator.results import config_hash, write_run
+    from kvsim.simulator.app.results import config_hash, write_run
 
     result = run()
     run_dir = write_run(result, tmp_path / "r", plot=False)
@@ -68,7 +68,7 @@ def test_resolved_config_of_a_trace_run_loads_again(tmp_path):
 
 
 def test_bad_trace_row_found_mid_run_is_one_clear_error(tmp_path, capsys):
-    from kvsim.simulator.cli import main
+    from kvsim.simulator.app.cli import main
 
     bad = tmp_path / "bad.csv"
     bad.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"

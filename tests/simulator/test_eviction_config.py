@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 from scheduler_cases import assert_round_trips, config, config_error
 
-from kvsim.policies.paged_allocator import PagedAllocator
-from kvsim.policies.radix_cache import RadixCacheAllocator
-from kvsim.policies.v1_prefix_cache import V1PrefixCacheAllocator
+from kvsim.policies.indexes.radix_cache import RadixCacheAllocator
+from kvsim.policies.ledger.paged_allocator import PagedAllocator
+from kvsim.policies.ledger.v1_prefix_cache import V1PrefixCacheAllocator
 from kvsim.simulator.config import load_config
-from kvsim.simulator.runner import make_allocator_factory
+from kvsim.simulator.engine.runner import make_allocator_factory
 
 
 @pytest.mark.parametrize(("extra", "says"), [

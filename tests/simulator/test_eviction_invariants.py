@@ -8,12 +8,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scheduler_cases import step
 
-from kvsim.policies.paged_allocator import PagedAllocator
-from kvsim.policies.radix_cache import RadixCacheAllocator
-from kvsim.policies.v1_prefix_cache import V1PrefixCacheAllocator
-from kvsim.simulator.scheduler import Scheduler, SchedulerSettings
-from kvsim.simulator.scheduler_sglang import SchedulerSGLang, SGLangSettings
-from kvsim.simulator.scheduler_v1 import SchedulerV1
+from kvsim.policies.indexes.radix_cache import RadixCacheAllocator
+from kvsim.policies.ledger.paged_allocator import PagedAllocator
+from kvsim.policies.ledger.v1_prefix_cache import V1PrefixCacheAllocator
+from kvsim.simulator.sched.scheduler import Scheduler, SchedulerSettings
+from kvsim.simulator.sched.sglang import SchedulerSGLang, SGLangSettings
+from kvsim.simulator.sched.vllm_v1 import SchedulerV1
 from kvsim.traces import Request
 
 B = 4  # slots per block (page)

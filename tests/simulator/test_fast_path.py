@@ -1,4 +1,4 @@
-"""The fast path (simulator/fast_path.py): run planning in closed form, what an applied run
+"""The fast path (simulator/engine/fast_path.py): run planning in closed form, what an applied run
 leaves to complete, and the engine loop that stays the story (no allocator calls, one screen).
 Identical results with and without the fast path are tests/simulator/test_macro_steps*.py's
 and the differential tests' business."""
@@ -11,12 +11,12 @@ from types import SimpleNamespace
 import pytest
 
 from kvsim.policies.kv_allocator import RunWeights
-from kvsim.policies.paged_allocator import PagedAllocator
-from kvsim.simulator import engine
+from kvsim.policies.ledger.paged_allocator import PagedAllocator
 from kvsim.simulator.cost_model import GPUS, MODELS, RooflineCostModel
-from kvsim.simulator.fast_path import INF, FastPath, Lookahead, RunEnd, plan_weights
-from kvsim.simulator.scheduler import Scheduler, SchedulerSettings, Step
-from kvsim.simulator.step_log import StepLog
+from kvsim.simulator.engine import simulation as engine
+from kvsim.simulator.engine.fast_path import INF, FastPath, Lookahead, RunEnd, plan_weights
+from kvsim.simulator.engine.step_log import StepLog
+from kvsim.simulator.sched.scheduler import Scheduler, SchedulerSettings, Step
 from kvsim.traces import Request
 
 
@@ -186,7 +186,7 @@ def engine_source(name: str) -> str:
 def test_the_engine_never_reaches_into_the_allocator():
     tree = ast.parse(inspect.getsource(engine))
     reached = sorted({n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "alloc"})
-    assert reached == [], "simulator/engine.py must not use scheduler.alloc: go through the scheduler or fast path"
+    assert reached == [], "simulator/engine/simulation.py must not use scheduler.alloc: go through the scheduler or fast path"
 
 
 def test_the_engine_loop_fits_on_one_screen():

@@ -6,13 +6,13 @@ import random
 import numpy as np
 import pytest
 
-from kvsim.policies.contiguous_allocator import ContiguousAllocator
-from kvsim.policies.paged_allocator import PagedAllocator
+from kvsim.policies.ledger.contiguous_allocator import ContiguousAllocator
+from kvsim.policies.ledger.paged_allocator import PagedAllocator
 from kvsim.simulator.cost_model import GPUS, MODELS, RooflineCostModel
-from kvsim.simulator.engine import Simulation
-from kvsim.simulator.memory_classes import CLASSES
-from kvsim.simulator.metrics import summarize
-from kvsim.simulator.scheduler import SchedulerSettings
+from kvsim.simulator.engine.memory_classes import CLASSES
+from kvsim.simulator.engine.metrics import summarize
+from kvsim.simulator.engine.simulation import Simulation
+from kvsim.simulator.sched.scheduler import SchedulerSettings
 from kvsim.traces import Request
 
 
@@ -84,7 +84,7 @@ def test_macro_steps_actually_merge_iterations():
 
 @pytest.mark.parametrize("window", ["busy", "saturated", (5.0, 40.0)])
 def test_totals_without_rows_equal_totals_from_rows(window):
-    from kvsim.simulator.step_log import StepTotals
+    from kvsim.simulator.engine.step_log import StepTotals
 
     reqs = poisson_trace(400, 9.0, 7)
     sims = []

@@ -6,13 +6,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvsim.policies.contiguous_allocator import ContiguousAllocator
-from kvsim.policies.paged_allocator import PagedAllocator
+from kvsim.policies.ledger.contiguous_allocator import ContiguousAllocator
+from kvsim.policies.ledger.paged_allocator import PagedAllocator
 from kvsim.simulator.cost_model import GPUS, MODELS, RooflineCostModel
-from kvsim.simulator.engine import Simulation
-from kvsim.simulator.memory_classes import CLASSES
-from kvsim.simulator.metrics import summarize
-from kvsim.simulator.scheduler import SchedulerSettings
+from kvsim.simulator.engine.memory_classes import CLASSES
+from kvsim.simulator.engine.metrics import summarize
+from kvsim.simulator.engine.simulation import Simulation
+from kvsim.simulator.sched.scheduler import SchedulerSettings
 from kvsim.traces import Request
 
 ALLOCATORS = {

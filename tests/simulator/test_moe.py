@@ -38,7 +38,7 @@ from kvsim.simulator.cost_model.operator_profile import (
 from kvsim.simulator.cost_model.profile_import import BundleError, convert, import_bundle
 from kvsim.simulator.cost_model.profiled import ProfiledCostModel
 from kvsim.simulator.cost_model.roofline import RooflineCostModel, RooflineParams
-from kvsim.simulator.runner import run_experiment
+from kvsim.simulator.engine.runner import run_experiment
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "moe" / "qwen3-30b-a3b.yaml"

@@ -10,15 +10,19 @@ import sys
 import pytest
 from run_configs import TINY
 
-from kvsim.policies.paged_allocator import PagedAllocator
-from kvsim.policies.radix_cache import RadixCacheAllocator
-from kvsim.policies.v1_prefix_cache import V1PrefixCacheAllocator
+from kvsim.policies.indexes.radix_cache import RadixCacheAllocator
+from kvsim.policies.ledger.paged_allocator import PagedAllocator
+from kvsim.policies.ledger.v1_prefix_cache import V1PrefixCacheAllocator
 from kvsim.simulator.config import SCHEDULER_POLICIES, validate_config
-from kvsim.simulator.policy_registry import POLICY_NAMES, policy_entry
-from kvsim.simulator.runner import make_allocator_factory, make_cost_factory, scheduler_settings
-from kvsim.simulator.scheduler import Scheduler, SchedulerSettings
-from kvsim.simulator.scheduler_sglang import SchedulerSGLang, SGLangSettings
-from kvsim.simulator.scheduler_v1 import SchedulerV1
+from kvsim.simulator.engine.runner import (
+    make_allocator_factory,
+    make_cost_factory,
+    scheduler_settings,
+)
+from kvsim.simulator.sched.policy_registry import POLICY_NAMES, policy_entry
+from kvsim.simulator.sched.scheduler import Scheduler, SchedulerSettings
+from kvsim.simulator.sched.sglang import SchedulerSGLang, SGLangSettings
+from kvsim.simulator.sched.vllm_v1 import SchedulerV1
 
 
 def config(policy: str, block_size: int = 8, prefix_caching: bool = False):
@@ -59,9 +63,9 @@ def test_an_unknown_policy_is_one_line_naming_the_policies():
 def test_a_vllm_v0_run_loads_no_other_policys_modules():
     """The v1 and SGLang schedulers, their caches and the radix tree stay unimported."""
     code = ("import sys, json\nfrom kvsim.simulator.config import validate_config\n"
-            "from kvsim.simulator.runner import run_experiment\n"
+            "from kvsim.simulator.engine.runner import run_experiment\n"
             f"run_experiment(validate_config({TINY!r}, source='t'))\n"
             "print(json.dumps(sorted(m for m in sys.modules if m.rsplit('.', 1)[-1] in "
-            "('scheduler_v1', 'scheduler_sglang', 'one_sequence_scheduler', 'radix_cache', 'v1_prefix_cache'))))")
+            "('vllm_v1', 'sglang', 'one_sequence', 'radix_cache', 'v1_prefix_cache'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "[]"

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from kvsim.policies.paged_allocator import PagedAllocator
+from kvsim.policies.ledger.paged_allocator import PagedAllocator
 from kvsim.simulator.cost_model import (
     GPUS,
     MODELS,
@@ -80,7 +80,7 @@ def test_multi_sequence_group_without_swap_space_is_aborted_with_reason(simulate
 
 
 def test_swapped_groups_come_back_oldest_first():
-    from kvsim.simulator.scheduler import Scheduler, SchedulerSettings
+    from kvsim.simulator.sched.scheduler import Scheduler, SchedulerSettings
 
     s = Scheduler(PagedAllocator(30, 4, swap_blocks=60), SchedulerSettings(max_seq_len=4096, watermark=0.0,
                                                                            preemption="swap"), lambda g: None)
@@ -124,8 +124,8 @@ def test_recompute_pays_the_prefill_again(simulate):
 
 
 def test_overlapping_swaps_with_compute_never_slows_a_step(simulate):
-    from kvsim.simulator.engine import Simulation
-    from kvsim.simulator.scheduler import SchedulerSettings
+    from kvsim.simulator.engine.simulation import Simulation
+    from kvsim.simulator.sched.scheduler import SchedulerSettings
 
     reqs = heavy(150, seed=3)
     finish = {}

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kvsim.simulator.prefix_cache_experiment import (
+from kvsim.simulator.app.prefix_cache_experiment import (
     CONFIG_DIR,
     SYSTEMS,
     WORKLOADS,
@@ -15,7 +15,7 @@ from kvsim.simulator.prefix_cache_experiment import (
     plot_comparison,
     run_comparison,
 )
-from kvsim.simulator.sweep import expand_points, load_sweep, validate_points
+from kvsim.simulator.app.sweep import expand_points, load_sweep, validate_points
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 ALL_ROWS = tuple(WORKLOADS)

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kvsim.simulator.app.validate import default_profile
 from kvsim.simulator.cost_model import operator_profile
 from kvsim.simulator.cost_model.import_files import DEFAULT_OUT_DIR
 from kvsim.simulator.cost_model.profile_import import convert, default_name, import_bundle
 from kvsim.simulator.cost_model.profile_names import gpu_key, profile_name
-from kvsim.simulator.validate import default_profile
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "validation" / "profiles-rtxpro6000"
 

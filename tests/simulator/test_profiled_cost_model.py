@@ -18,7 +18,7 @@ import pytest
 import yaml
 from run_configs import sharegpt_config
 
-from kvsim.policies.paged_allocator import PagedAllocator
+from kvsim.policies.ledger.paged_allocator import PagedAllocator
 from kvsim.simulator.config import ConfigError, validate_config
 from kvsim.simulator.cost_model import GPUS, MODELS, BatchShape
 from kvsim.simulator.cost_model.base import Deployment, causal_attention_pairs
@@ -37,11 +37,11 @@ from kvsim.simulator.cost_model.profiled import (
     lerp,
     load_profile,
 )
-from kvsim.simulator.engine import Simulation
-from kvsim.simulator.memory_classes import CLASSES
-from kvsim.simulator.metrics import summarize
-from kvsim.simulator.runner import run_experiment
-from kvsim.simulator.scheduler import SchedulerSettings
+from kvsim.simulator.engine.memory_classes import CLASSES
+from kvsim.simulator.engine.metrics import summarize
+from kvsim.simulator.engine.runner import run_experiment
+from kvsim.simulator.engine.simulation import Simulation
+from kvsim.simulator.sched.scheduler import SchedulerSettings
 from kvsim.traces import Request
 
 NAME = "rtx4090-llama-3.1-8b"

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from kvsim.simulator.config import validate_config
-from kvsim.simulator.runner import run_experiment
+from kvsim.simulator.engine.runner import run_experiment
 from kvsim.traces import Request
 
 PROMPTS = [100, 900, 120, 1500, 80]  # context window 1024: requests 1 and 3 cannot fit

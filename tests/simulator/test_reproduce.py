@@ -7,10 +7,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-import kvsim.simulator.reproduce as rp
-from kvsim.simulator.cli import main
-from kvsim.simulator.plots import plot_swap_vs_recompute
-from kvsim.simulator.reproduce import (
+import kvsim.simulator.app.reproduce as rp
+from kvsim.simulator.app.cli import main
+from kvsim.simulator.app.plots import plot_swap_vs_recompute
+from kvsim.simulator.app.reproduce import (
     EXPERIMENTS,
     Rate,
     rate_ratio_check,
@@ -19,7 +19,7 @@ from kvsim.simulator.reproduce import (
     value_check,
     write_report,
 )
-from kvsim.simulator.sweep import SweepResult
+from kvsim.simulator.app.sweep import SweepResult
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -155,7 +155,7 @@ def test_quick_fig2_orders_systems_and_writes_report(tmp_path):
 
 
 def test_every_experiment_has_a_sweep_file_and_section():
-    from kvsim.simulator.reproduce import CONFIG_DIR, SECTIONS
+    from kvsim.simulator.app.reproduce import CONFIG_DIR, SECTIONS
 
     for e in EXPERIMENTS:
         assert (CONFIG_DIR / e.sweep).is_file(), e.sweep

@@ -36,7 +36,7 @@ from kvsim.simulator.cost_model.roofline_fit import (
     relative_errors,
     with_factor,
 )
-from kvsim.simulator.runner import make_cost_factory
+from kvsim.simulator.engine.runner import make_cost_factory
 
 HAND_PICKED = RooflineParams(**ROOFLINE_PRESETS["hand-picked"])
 

@@ -10,8 +10,8 @@ import re
 import yaml
 from rich.console import Console
 
-from kvsim.simulator.cli import HEADLINE, label_says, main, reason_lines, summary_table
-from kvsim.simulator.display import group_reasons
+from kvsim.simulator.app.cli import HEADLINE, label_says, main, reason_lines, summary_table
+from kvsim.simulator.app.display import group_reasons
 
 TINY = {
     "name": "tiny",
@@ -94,8 +94,8 @@ def test_label_says_its_key_word_by_word():
 # --- progress without a terminal, and ETAs that end at 0 -----------------------------------------
 
 def test_without_a_terminal_progress_is_a_plain_line_every_few_seconds_ending_at_eta_0():
-    from kvsim.simulator.run_progress import RunProgress
-    from kvsim.simulator.runner import expected_requests, run_experiment
+    from kvsim.simulator.app.run_progress import RunProgress
+    from kvsim.simulator.engine.runner import expected_requests, run_experiment
 
     cfg = _config(400)
     buf = io.StringIO()
@@ -111,8 +111,8 @@ def test_without_a_terminal_progress_is_a_plain_line_every_few_seconds_ending_at
 
 
 def test_a_short_run_prints_no_line_and_quiet_prints_none():
-    from kvsim.simulator.run_progress import RunProgress
-    from kvsim.simulator.runner import run_experiment
+    from kvsim.simulator.app.run_progress import RunProgress
+    from kvsim.simulator.engine.runner import run_experiment
 
     for console in (Console(file=io.StringIO()), Console(file=io.StringIO(), quiet=True)):
         with RunProgress("tiny", 20, console=console, line_every_s=60) as progress:
@@ -123,8 +123,8 @@ def test_a_short_run_prints_no_line_and_quiet_prints_none():
 
 
 def test_the_bar_ends_at_eta_0():
-    from kvsim.simulator.run_progress import RunProgress
-    from kvsim.simulator.runner import expected_duration_s, run_experiment
+    from kvsim.simulator.app.run_progress import RunProgress
+    from kvsim.simulator.engine.runner import expected_duration_s, run_experiment
 
     # By the clock: arrivals over 20 s, the last one early enough that the run ends before
     # 20 s of simulated time; done is done all the same.
@@ -143,7 +143,7 @@ def test_the_bar_ends_at_eta_0():
 
 
 def test_a_run_on_the_command_line_without_a_terminal_prints_lines(tmp_path, capsys, monkeypatch):
-    import kvsim.simulator.run_progress as rp
+    import kvsim.simulator.app.run_progress as rp
 
     real = rp.RunProgress.__init__
     monkeypatch.setattr(rp.RunProgress, "__init__",
@@ -159,7 +159,7 @@ def test_a_run_on_the_command_line_without_a_terminal_prints_lines(tmp_path, cap
 
 
 def test_a_sweep_without_a_terminal_prints_lines_ending_at_eta_0(tmp_path, capsys, monkeypatch):
-    import kvsim.simulator.sweep as sw
+    import kvsim.simulator.app.sweep as sw
 
     monkeypatch.setattr(sw, "PROGRESS_LINE_S", 0.0)
     config = tmp_path / "tiny.yaml"
@@ -177,7 +177,7 @@ def test_a_sweep_without_a_terminal_prints_lines_ending_at_eta_0(tmp_path, capsy
 def test_reproduce_dry_run_checks_every_section_as_quick_builds_it_and_writes_nothing(tmp_path, monkeypatch, capsys):
     import dataclasses
 
-    import kvsim.simulator.reproduce as rp
+    import kvsim.simulator.app.reproduce as rp
 
     out = tmp_path / "paper"
     assert main(["reproduce", "vllm-paper", "--quick", "--dry-run", "--out", str(out)]) == 0

@@ -19,9 +19,9 @@ import yaml
 from rich.console import Console
 from run_configs import TINY
 
-from kvsim.simulator.cli import main, rates_table, summary_table, sweep_table
-from kvsim.simulator.display import fmt_cell, fmt_number
-from kvsim.simulator.results import MARKER, RUN_INFO
+from kvsim.simulator.app.cli import main, rates_table, summary_table, sweep_table
+from kvsim.simulator.app.display import fmt_cell, fmt_number
+from kvsim.simulator.app.results import MARKER, RUN_INFO
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -116,7 +116,7 @@ def test_results_path_that_is_a_file_fails_before_simulating(checkout, monkeypat
     def no_simulation(*args, **kwargs):
         raise AssertionError("simulated although the results cannot be written")
 
-    monkeypatch.setattr("kvsim.simulator.runner.run_experiment", no_simulation)
+    monkeypatch.setattr("kvsim.simulator.engine.runner.run_experiment", no_simulation)
     assert main(["run", "configs/quickstart.yaml", "--out", "blocked", "--no-plot", "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "cannot write results here" in err[0] and "Not a directory" in err[0]
@@ -128,7 +128,7 @@ def test_read_only_results_folder_fails_before_simulating(checkout, monkeypatch,
         raise PermissionError(13, "Permission denied", str(dir))
 
     monkeypatch.setattr("kvsim.simulator.outputs.tempfile.TemporaryFile", denied)
-    monkeypatch.setattr("kvsim.simulator.runner.run_experiment", lambda *a, **k: pytest.fail("simulated"))
+    monkeypatch.setattr("kvsim.simulator.engine.runner.run_experiment", lambda *a, **k: pytest.fail("simulated"))
     assert main(["run", "configs/quickstart.yaml", "--no-plot", "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "cannot write results here (Permission denied)" in err[0]
@@ -240,8 +240,8 @@ def _tiny_config(num_requests: int):
 
 
 def test_progress_bar_shows_requests_simulated_time_rate_and_eta_on_a_terminal():
-    from kvsim.simulator.run_progress import RunProgress
-    from kvsim.simulator.runner import expected_requests, run_experiment
+    from kvsim.simulator.app.run_progress import RunProgress
+    from kvsim.simulator.engine.runner import expected_requests, run_experiment
 
     cfg = _tiny_config(400)
     buf = io.StringIO()
@@ -262,8 +262,8 @@ def test_progress_bar_shows_requests_simulated_time_rate_and_eta_on_a_terminal()
     Console(file=io.StringIO(), force_terminal=True, quiet=True),  # kvsim run --quiet
 ])
 def test_progress_bar_is_off_when_not_a_terminal_or_quiet(console):
-    from kvsim.simulator.run_progress import RunProgress
-    from kvsim.simulator.runner import run_experiment
+    from kvsim.simulator.app.run_progress import RunProgress
+    from kvsim.simulator.engine.runner import run_experiment
 
     with RunProgress("tiny", 20, console=console) as bar:
         run_experiment(_tiny_config(20), progress=bar)
@@ -276,9 +276,9 @@ def test_run_without_a_terminal_prints_nothing_on_stderr(checkout, capsys):
 
 
 def test_progress_follows_the_clock_when_only_the_duration_is_known():
+    from kvsim.simulator.app.run_progress import RunProgress
     from kvsim.simulator.config import validate_config
-    from kvsim.simulator.run_progress import RunProgress
-    from kvsim.simulator.runner import expected_duration_s, expected_requests, run_experiment
+    from kvsim.simulator.engine.runner import expected_duration_s, expected_requests, run_experiment
 
     raw = {**TINY, "workload": {**TINY["workload"], "num_requests": None, "duration_s": 20.0}}
     cfg = validate_config(yaml.safe_load(yaml.safe_dump(raw)))

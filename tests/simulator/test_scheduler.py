@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 
 from kvsim.policies.kv_allocator import Admission
-from kvsim.policies.paged_allocator import PagedAllocator
-from kvsim.simulator.engine import SimulationStalled
-from kvsim.simulator.memory_classes import CLASSES
-from kvsim.simulator.scheduler import Scheduler, SchedulerSettings
-from kvsim.simulator.sequence import Status
+from kvsim.policies.ledger.paged_allocator import PagedAllocator
+from kvsim.simulator.engine.memory_classes import CLASSES
+from kvsim.simulator.engine.simulation import SimulationStalled
+from kvsim.simulator.sched.scheduler import Scheduler, SchedulerSettings
+from kvsim.simulator.sched.sequence import Status
 from kvsim.traces import Request
 
 

@@ -1,5 +1,5 @@
 """``scheduler.policy: sglang``: hand-worked tiny scenarios (the answer derived in each
-docstring from the rules in simulator/scheduler_sglang.py), config errors, and an
+docstring from the rules in simulator/sched/sglang.py), config errors, and an
 end-to-end run.
 
 Scenarios drive the scheduler directly, one step per second: ``schedule(t)`` then
@@ -14,11 +14,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scheduler_cases import CONFIG, assert_round_trips, config, config_error, ids, step
 
+from kvsim.policies.indexes.radix_cache import RadixCacheAllocator
 from kvsim.policies.kv_allocator import Admission
-from kvsim.policies.radix_cache import RadixCacheAllocator
+from kvsim.simulator.app.sweep import expand_points, load_sweep, validate_points
 from kvsim.simulator.config import load_config
-from kvsim.simulator.runner import run_experiment
-from kvsim.simulator.scheduler_sglang import (
+from kvsim.simulator.engine.runner import run_experiment
+from kvsim.simulator.sched.sequence import Status
+from kvsim.simulator.sched.sglang import (
     CLIP_MAX_NEW_TOKENS,
     INIT_NEW_TOKEN_RATIO,
     MIN_NEW_TOKEN_RATIO_FACTOR,
@@ -26,8 +28,6 @@ from kvsim.simulator.scheduler_sglang import (
     SchedulerSGLang,
     SGLangSettings,
 )
-from kvsim.simulator.sequence import Status
-from kvsim.simulator.sweep import expand_points, load_sweep, validate_points
 from kvsim.traces import Request
 
 

@@ -1,5 +1,5 @@
 """``scheduler.policy: vllm-v1``: hand-worked tiny scenarios (the answer derived in each
-docstring from the rules in simulator/scheduler_v1.py), config errors, and macro steps
+docstring from the rules in simulator/sched/vllm_v1.py), config errors, and macro steps
 equal to single steps on random workloads.
 
 The scenario tests drive the scheduler directly, one step per second: ``schedule(t)``
@@ -20,16 +20,16 @@ from scheduler_cases import (
     step,
 )
 
-from kvsim.policies.paged_allocator import PagedAllocator
-from kvsim.policies.v1_prefix_cache import V1PrefixCacheAllocator
+from kvsim.policies.ledger.paged_allocator import PagedAllocator
+from kvsim.policies.ledger.v1_prefix_cache import V1PrefixCacheAllocator
 from kvsim.simulator.config import load_config
 from kvsim.simulator.cost_model import GPUS, MODELS, RooflineCostModel
 from kvsim.simulator.cost_model.base import causal_attention_pairs
-from kvsim.simulator.engine import Simulation
-from kvsim.simulator.runner import run_experiment
-from kvsim.simulator.scheduler import SchedulerSettings
-from kvsim.simulator.scheduler_v1 import SchedulerV1, StepV1
-from kvsim.simulator.sequence import Status
+from kvsim.simulator.engine.runner import run_experiment
+from kvsim.simulator.engine.simulation import Simulation
+from kvsim.simulator.sched.scheduler import SchedulerSettings
+from kvsim.simulator.sched.sequence import Status
+from kvsim.simulator.sched.vllm_v1 import SchedulerV1, StepV1
 from kvsim.traces import Request
 
 B = 4

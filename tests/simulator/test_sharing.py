@@ -3,7 +3,7 @@
 import pytest
 
 from kvsim.simulator.config import validate_config
-from kvsim.simulator.runner import run_experiment
+from kvsim.simulator.engine.runner import run_experiment
 
 
 def run(**sections):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvsim.simulator.cli import main
-from kvsim.simulator.shipped_configs import CONFIG_DIR, find_config, shipped_names
+from kvsim.simulator.app.cli import main
+from kvsim.simulator.app.shipped_configs import CONFIG_DIR, find_config, shipped_names
 
 
 @pytest.mark.parametrize("arg", ["quickstart", "quickstart.yaml", "configs/quickstart.yaml"])

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvsim.simulator.memory_classes import CLASSES
-from kvsim.simulator.step_log import (
+from kvsim.simulator.engine.memory_classes import CLASSES
+from kvsim.simulator.engine.step_log import (
     COUNTERS,
     FLOAT_COLUMNS,
     MEASURED,

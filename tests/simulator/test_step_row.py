@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvsim.policies.kv_allocator import RunWeights
-from kvsim.simulator.fast_path import INF, Run, RunEnd
-from kvsim.simulator.scheduler import Step
-from kvsim.simulator.step_log import STEP_COLUMNS, StepLog, StepRow, step_row
+from kvsim.simulator.engine.fast_path import INF, Run, RunEnd
+from kvsim.simulator.engine.step_log import STEP_COLUMNS, StepLog, StepRow, step_row
+from kvsim.simulator.sched.scheduler import Step
 
 VALUES = st.lists(st.one_of(st.integers(-10**6, 10**6), st.floats(-1e6, 1e6)),
                   min_size=len(STEP_COLUMNS), max_size=len(STEP_COLUMNS)).map(tuple)

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvsim.simulator import plot_cli, plots
+from kvsim.simulator.app import plot_cli, plots
 
 SIZE = "allocator.tiers.0.capacity_gib"
 EVICT = "allocator.tiers.0.eviction_policy"

@@ -1,5 +1,5 @@
 """Prefix-cache block identities from a prompt's token ids (simulator.decoding.prefix_contents,
-chained by policies.key_chain as the allocators chain them)."""
+chained by policies.indexes.key_chain as the allocators chain them)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import struct
 
 import pytest
 
-from kvsim.policies.key_chain import KeyChain, chain_keys_plain
+from kvsim.policies.indexes.key_chain import KeyChain, chain_keys_plain
 from kvsim.simulator.config import validate_config
 from kvsim.simulator.decoding import prefix_contents, token_block_contents
-from kvsim.simulator.runner import run_experiment
+from kvsim.simulator.engine.runner import run_experiment
 from kvsim.traces import Request
 
 

@@ -11,9 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvsim.simulator.cli import main
-from kvsim.simulator.config import validate_config
-from kvsim.simulator.validate import (
+from kvsim.simulator.app.cli import main
+from kvsim.simulator.app.validate import (
     ValidateError,
     aligned,
     curve_mae,
@@ -25,7 +24,8 @@ from kvsim.simulator.validate import (
     simulated_latencies,
     validate_run,
 )
-from kvsim.simulator.validate_report import readme_snippet, report_dict, write_validation
+from kvsim.simulator.app.validate_report import readme_snippet, report_dict, write_validation
+from kvsim.simulator.config import validate_config
 
 REAL = Path(__file__).resolve().parents[2] / "gpu_validation" / "runs" / "vllm-0.19-rtx4090-llama-3.1-8b"
 
@@ -286,9 +286,9 @@ def test_validate_error_is_a_plain_exception():
 def test_running_counts_derived_from_the_tables_equal_the_schedulers(monkeypatch):
     """The step table records waiting and swapped requests; running ones are derived (arrived -
     ended - waiting - swapped at each step's start). They must equal the scheduler's own list."""
-    from kvsim.simulator import engine
-    from kvsim.simulator.runner import run_experiment
-    from kvsim.simulator.validate import plan_replay, replay_config
+    from kvsim.simulator.app.validate import plan_replay, replay_config
+    from kvsim.simulator.engine import simulation as engine
+    from kvsim.simulator.engine.runner import run_experiment
 
     seen = []
     state = engine.Simulation._state

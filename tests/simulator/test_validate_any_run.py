@@ -14,9 +14,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvsim.simulator import validate as validate_module
-from kvsim.simulator.cli import main
-from kvsim.simulator.validate import (
+from kvsim.simulator.app import validate as validate_module
+from kvsim.simulator.app.cli import main
+from kvsim.simulator.app.validate import (
     ValidateError,
     match_workload,
     read_run_folder,
@@ -24,7 +24,7 @@ from kvsim.simulator.validate import (
     simulated_latencies,
     validate_run,
 )
-from kvsim.simulator.validate_report import markdown, readme_snippet, report_dict, targets
+from kvsim.simulator.app.validate_report import markdown, readme_snippet, report_dict, targets
 
 REAL = Path(__file__).resolve().parents[2] / "gpu_validation" / "runs" / "vllm-0.19-rtx4090-llama-3.1-8b"
 

@@ -12,8 +12,8 @@ import pytest
 import yaml
 from run_configs import sharegpt_config
 
-from kvsim.policies.paged_allocator import PagedAllocator
-from kvsim.simulator.cli import main as kvsim
+from kvsim.policies.ledger.paged_allocator import PagedAllocator
+from kvsim.simulator.app.cli import main as kvsim
 from kvsim.simulator.cost_model import GPUS, MODELS, BatchShape, profile_cache
 from kvsim.simulator.cost_model import operator_profile as op
 from kvsim.simulator.cost_model.base import Deployment, causal_attention_pairs
@@ -39,8 +39,8 @@ from kvsim.simulator.cost_model.vidur_import import (
     import_vidur,
     is_vidur_folder,
 )
-from kvsim.simulator.engine import Simulation
-from kvsim.simulator.scheduler import SchedulerSettings
+from kvsim.simulator.engine.simulation import Simulation
+from kvsim.simulator.sched.scheduler import SchedulerSettings
 from kvsim.traces import Request
 
 NAME = "a100-llama-3-8b"
@@ -244,7 +244,7 @@ def test_a_run_on_the_profile_takes_its_step_times_from_it(profile):
 
 def test_run_experiment_with_the_a100_profile(tmp_path):
     from kvsim.simulator.config import validate_config
-    from kvsim.simulator.runner import run_experiment
+    from kvsim.simulator.engine.runner import run_experiment
 
     cfg = validate_config(sharegpt_config(
         tmp_path, name="vidur-a100", model="llama-3-8b", gpu="a100-80gb", rate=4.0, num_requests=40,

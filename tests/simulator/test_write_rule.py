@@ -16,8 +16,9 @@ import pytest
 import yaml
 from run_configs import TINY
 
-import kvsim.simulator.reproduce as rp
-from kvsim.simulator.cli import main
+import kvsim.simulator.app.reproduce as rp
+from kvsim.simulator.app.cli import main
+from kvsim.simulator.app.sweep import SweepResult
 from kvsim.simulator.cost_model.operator_profile import PROFILES_DIR
 from kvsim.simulator.outputs import (
     MANIFEST,
@@ -27,7 +28,6 @@ from kvsim.simulator.outputs import (
     is_kvsim_file,
     write_file,
 )
-from kvsim.simulator.sweep import SweepResult
 
 TRACE = "arrival_time,prompt_tokens,output_tokens\n0.0,10,5\n0.5,20,6\n1.0,30,7\n"
 TRACE_ARGS = ["--format", "generic", "--columns", "arrival_time,prompt_tokens,output_tokens"]
@@ -181,9 +181,9 @@ def test_a_link_is_never_kvsims(tmp_path):
 
 
 def test_the_prefix_cache_experiment_refuses_a_users_folder_in_one_line(user_tree, tmp_path):
-    """``python -m kvsim.simulator.prefix_cache_experiment --out mine`` (the user's folder):
+    """``python -m kvsim.simulator.app.prefix_cache_experiment --out mine`` (the user's folder):
     refused before anything runs, one line, nothing touched."""
-    from kvsim.simulator.prefix_cache_experiment import main as experiment
+    from kvsim.simulator.app.prefix_cache_experiment import main as experiment
 
     before = snapshot(tmp_path)
     with pytest.raises(SystemExit) as exit_:
@@ -194,9 +194,9 @@ def test_the_prefix_cache_experiment_refuses_a_users_folder_in_one_line(user_tre
 
 
 def test_the_tier_tables_name_the_sweeps_still_to_run(tmp_path):
-    """``python -m kvsim.simulator.tier_tables`` before the sweeps: one line naming the
+    """``python -m kvsim.simulator.app.tier_tables`` before the sweeps: one line naming the
     missing tables and the command that makes each, not a traceback from pandas."""
-    from kvsim.simulator.tier_tables import main as tables
+    from kvsim.simulator.app.tier_tables import main as tables
 
     (tmp_path / "tiers-mooncake").mkdir()
     (tmp_path / "tiers-mooncake" / "sweep.csv").write_text("not read\n")

@@ -5,8 +5,8 @@ each step."""
 
 from __future__ import annotations
 
-from kvsim.policies.cache_tier import CacheTier
-from kvsim.simulator.cache_tiers import Level, TierLink, TierStack
+from kvsim.policies.tiers.cache_tier import CacheTier
+from kvsim.policies.tiers.tier_stack import Level, TierLink, TierStack
 from kvsim.traces import Request
 
 LINK_BYTES_PER_S = 1000.0

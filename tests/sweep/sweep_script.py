@@ -15,8 +15,8 @@ import time
 import uuid
 from pathlib import Path
 
-from kvsim.simulator.executors import execute_run
-from kvsim.simulator.sweep import load_sweep, run_sweep
+from kvsim.simulator.app.executors import execute_run
+from kvsim.simulator.app.sweep import load_sweep, run_sweep
 
 
 def slow_run(job):

@@ -5,9 +5,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kvsim.simulator.cli import main
-from kvsim.simulator.executors import InProcessExecutor, execute_run
-from kvsim.simulator.sweep import load_sweep, run_sweep
+from kvsim.simulator.app.cli import main
+from kvsim.simulator.app.executors import InProcessExecutor, execute_run
+from kvsim.simulator.app.sweep import load_sweep, run_sweep
 
 SCRIPT = Path(__file__).with_name("sweep_script.py")
 # Valid config, fails when run: the trace file does not exist.

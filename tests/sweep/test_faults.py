@@ -12,9 +12,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from kvsim.simulator.cli import main
-from kvsim.simulator.executors import _process_gone
-from kvsim.simulator.sweep import load_sweep, run_sweep
+from kvsim.simulator.app.cli import main
+from kvsim.simulator.app.executors import _process_gone
+from kvsim.simulator.app.sweep import load_sweep, run_sweep
 
 SCRIPT = Path(__file__).with_name("sweep_script.py")
 RATES = [1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 16.0]
@@ -91,7 +91,7 @@ def test_two_identical_sweeps_at_once_share_the_runs(write_sweep, tmp_path):
 
 def test_a_sweep_takes_over_a_run_whose_holder_died(write_sweep):
     # The lock of a run whose sweep died is released by the kernel: the run is done here.
-    from kvsim.simulator.run_lock import RunLock
+    from kvsim.simulator.app.run_lock import RunLock
 
     path = write_sweep({"grid": {"workload.arrivals.rate": [1.0, 2.0]}})
     spec = load_sweep(path)

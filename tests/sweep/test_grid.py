@@ -5,11 +5,9 @@ import itertools
 import pytest
 import yaml
 
-from kvsim.simulator.cli import main
-from kvsim.simulator.config import validate_config
-from kvsim.simulator.results import config_hash
-from kvsim.simulator.runner import run_experiment
-from kvsim.simulator.sweep import (
+from kvsim.simulator.app.cli import main
+from kvsim.simulator.app.results import config_hash
+from kvsim.simulator.app.sweep import (
     SweepError,
     expand_points,
     load_sweep,
@@ -17,6 +15,8 @@ from kvsim.simulator.sweep import (
     resolve_config,
     run_sweep,
 )
+from kvsim.simulator.config import validate_config
+from kvsim.simulator.engine.runner import run_experiment
 
 
 def test_points_are_the_grid_product_times_the_zip_rows_last_axis_fastest(write_sweep):
@@ -132,12 +132,12 @@ def test_points_that_resolve_to_the_same_config_run_once(write_sweep):
     calls = []
 
     def counting(job):
-        from kvsim.simulator.executors import execute_run
+        from kvsim.simulator.app.executors import execute_run
 
         calls.append(job.run_id)
         return execute_run(job)
 
-    from kvsim.simulator.executors import InProcessExecutor
+    from kvsim.simulator.app.executors import InProcessExecutor
 
     result = run_sweep(load_sweep(path), InProcessExecutor(counting))
     assert len(calls) == 1

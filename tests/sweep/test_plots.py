@@ -3,10 +3,10 @@
 import pandas as pd
 import pytest
 
-from kvsim.simulator.cli import main
-from kvsim.simulator.plot_cli import group_labels, plot_results, sustainable_from_curve
-from kvsim.simulator.rate_search import SustainabilityCriterion
-from kvsim.simulator.sweep import load_sweep, run_sweep
+from kvsim.simulator.app.cli import main
+from kvsim.simulator.app.plot_cli import group_labels, plot_results, sustainable_from_curve
+from kvsim.simulator.app.rate_search import SustainabilityCriterion
+from kvsim.simulator.app.sweep import load_sweep, run_sweep
 
 
 def _assert_figures(paths, stems):

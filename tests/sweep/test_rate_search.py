@@ -4,15 +4,15 @@ import math
 
 import pytest
 
-from kvsim.simulator.config import validate_config
-from kvsim.simulator.executors import InProcessExecutor, execute_run
-from kvsim.simulator.rate_search import (
+from kvsim.simulator.app.executors import InProcessExecutor, execute_run
+from kvsim.simulator.app.rate_search import (
     RateBisection,
     SustainabilityCriterion,
     find_sustainable_rate,
 )
-from kvsim.simulator.runner import run_experiment
-from kvsim.simulator.sweep import load_sweep, run_sweep
+from kvsim.simulator.app.sweep import load_sweep, run_sweep
+from kvsim.simulator.config import validate_config
+from kvsim.simulator.engine.runner import run_experiment
 
 
 @pytest.mark.parametrize("knee", [0.6, 3.3, 7.3, 15.9])

@@ -4,7 +4,7 @@ import copy
 
 import pandas as pd
 
-from kvsim.simulator.sweep import load_sweep, run_sweep
+from kvsim.simulator.app.sweep import load_sweep, run_sweep
 
 MISSING_TRACE = {"trace": {"format": "azure", "path": "/nonexistent/kvsim-missing-trace.csv"}}
 
@@ -35,7 +35,7 @@ def test_ray_on_two_local_cpus_gives_the_local_executors_table(write_sweep, tiny
 
 
 def test_an_unreachable_ray_address_fails_fast_with_one_line(write_sweep, capsys):
-    from kvsim.simulator.cli import main
+    from kvsim.simulator.app.cli import main
 
     path = write_sweep({"grid": {"allocator.block_size": [16]}})
     assert (

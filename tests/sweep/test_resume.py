@@ -10,8 +10,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from kvsim.simulator.executors import InProcessExecutor, execute_run
-from kvsim.simulator.sweep import load_sweep, run_sweep
+from kvsim.simulator.app.executors import InProcessExecutor, execute_run
+from kvsim.simulator.app.sweep import load_sweep, run_sweep
 
 SCRIPT = Path(__file__).with_name("sweep_script.py")
 RATES = [1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 16.0]

@@ -1,7 +1,7 @@
 """The README's "Cache tiers" numbers come from the shipped configs: the multi-turn table's
 no-tier row (write-back) and its whole 128 GiB row are run again here and compared digit by
 digit with what the README prints (a wrong number in the README, or a change that moves them,
-fails); the tables' generator (``simulator/tier_tables.py``) is checked on a made-up sweep."""
+fails); the tables' generator (``simulator/app/tier_tables.py``) is checked on a made-up sweep."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from kvsim.simulator import tier_tables
+from kvsim.simulator.app import tier_tables
+from kvsim.simulator.app.tier_tables import EVICTION, SIZE, WRITE, TierTable
 from kvsim.simulator.config import load_config
-from kvsim.simulator.runner import run_experiment
-from kvsim.simulator.tier_tables import EVICTION, SIZE, WRITE, TierTable
+from kvsim.simulator.engine.runner import run_experiment
 
 ROOT = Path(__file__).resolve().parents[2]
 

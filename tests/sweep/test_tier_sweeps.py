@@ -8,9 +8,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from kvsim.simulator.cli import main
+from kvsim.simulator.app.cli import main
+from kvsim.simulator.app.sweep import expand_points, load_sweep, resolve_config
 from kvsim.simulator.config import ConfigError, apply_override, load_config
-from kvsim.simulator.sweep import expand_points, load_sweep, resolve_config
 
 ROOT = Path(__file__).resolve().parents[2]
 TIERS = ROOT / "configs" / "tiers"

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from kvsim.policies.radix_cache import request_tokens
+from kvsim.policies.indexes.radix_cache import request_tokens
 from kvsim.simulator.decoding import prefix_contents
-from kvsim.simulator.reference import sequence_block_names
-from kvsim.simulator.reference_sglang import request_tokens as reference_request_tokens
+from kvsim.simulator.reference.sglang import request_tokens as reference_request_tokens
+from kvsim.simulator.reference.vllm import sequence_block_names
 from kvsim.traces import Request
 from kvsim.traces.multi_turn import MultiTurnSpec, generate_multi_turn
 from kvsim.traces.transforms import clip_to_max_len

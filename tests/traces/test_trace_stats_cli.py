@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from kvsim.simulator.trace_cli import add_trace_commands, main
+from kvsim.simulator.app.trace_cli import add_trace_commands, main
 from kvsim.traces import Request, trace_stats
 from kvsim.traces.plots import trace_figure
 
