@@ -300,6 +300,10 @@ class PagedAllocator(KVAllocator):
                         self._cache_order.offer(self._key_of[b])
 
     # --- prefix cache ----------------------------------------------------------------
+    def prefix_keys(self, prefix: Sequence[Hashable]) -> list[int]:
+        """The chain keys of the prompt's leading full blocks (``prefix``: their contents)."""
+        return self._keys(prefix)
+
     def find_prefix(self, prefix: Sequence[Hashable]) -> tuple[list[int], list[int]]:
         """(The chain keys of the prompt's leading full blocks, the cached blocks of their
         longest leading run): what an admission of this prompt would look up and hit."""

@@ -54,7 +54,7 @@ import numpy as np
 
 from kvsim.policies.kv_allocator import Admission, KVAllocator, RunWeights
 from kvsim.policies.ledger.paged_allocator import PagedAllocator
-from kvsim.policies.tiers.tier_stack import TierStack, chain_parents
+from kvsim.policies.tiers.tier_stack import TierStack
 from kvsim.simulator.cost_model.base import BatchShape, causal_attention_pairs
 from kvsim.simulator.decoding import beam_parent_counts, prefix_contents, sample_targets
 from kvsim.simulator.latency_histogram import LatencyHistogram
@@ -213,9 +213,6 @@ class Scheduler(TierLoads):
         # kept (group, releases then, verdict) instead of asking the allocator every step.
         self._releases = 0  # frees, swap-outs and beam re-seedings so far
         self._refused: tuple[SequenceGroup, int, Admission] | None = None
-        # The prompt blocks this step's prefills computed, for write-through to the cache
-        # tiers (keys, parents, priorities).
-        self._computed: tuple[list, list, list] = ([], [], [])
         self._writes_back = tiers is not None and tiers.stores_gpu_evictions
         if tiers is not None:
             if not (isinstance(allocator, PagedAllocator) and allocator.prefix_caching):
@@ -265,22 +262,22 @@ class Scheduler(TierLoads):
             if self.waiting:  # (most decode steps: nothing waits, no call)
                 self._admit(step)
                 if step.prefill:
-                    if self.tiers is not None:
-                        self.tiers.flush_scheduling(now)
+                    if self.connector is not None:
+                        self.connector.scheduled(now)
                     return step
         elif self.waiting:
             self.blocked = "swapped" if self.swapped else "batch"
         self._decode(step)
-        if self.tiers is not None:
-            self.tiers.flush_scheduling(now)
+        if self.connector is not None:
+            self.connector.scheduled(now)
         return step
 
     def _admit(self, step: Step) -> None:
         """Admit waiting groups FCFS into ``step`` (something waits); say why the next is not."""
-        alloc, lim, shape, tiers = self.alloc, self.limits, step.shape, self.tiers
+        alloc, lim, shape, connector = self.alloc, self.limits, step.shape, self.connector
         refused = self._refused
         if refused is not None and refused[0] is self.waiting[0] and refused[1] == self._releases \
-                and tiers is None:  # (with tiers a store turning readable may let the head load)
+                and connector is None:  # (with tiers a store turning readable may let the head load)
             self.blocked = refused[2]  # nothing released since it was refused: still refused
             return
         seqs = alloc.resident_kv()[0]  # every sequence on the GPU is running
@@ -295,9 +292,9 @@ class Scheduler(TierLoads):
                 self._end(g, Status.REJECTED, (why and why(g.prompt_len, final, live))
                           or f"needs more KV slots than the whole cache ({alloc.capacity})")
                 continue
-            if tiers is not None:
+            if connector is not None:  # the one question to the tiers: can they give more blocks?
                 keys, hits = alloc.find_prefix(g.prefix)
-                found = tiers.lookup(keys[len(hits):], self.now)
+                found = connector.found(g, len(hits), len(keys), self.now)
                 if found:
                     if alloc.num_free_blocks - alloc.load_blocks(hits, len(found)) < self.watermark_slots // alloc.block_size:
                         self.blocked = Admission.NO_SPACE
@@ -312,7 +309,7 @@ class Scheduler(TierLoads):
                 self.blocked = "limits"
                 return
             self.waiting.popleft()
-            if tiers is None:
+            if connector is None:
                 cached = alloc.admit(g.seq_ids, g.prompt_len, final, g.prefix)
             else:
                 cached = self._admit_with_tiers(g, final, keys, hits)
@@ -338,29 +335,23 @@ class Scheduler(TierLoads):
         g.after_load = False
         cached = self.alloc.admit(g.seq_ids, g.prompt_len, final, g.prefix, priority=p, counted=counted)
         if counted:
-            self._count_gpu_hits(keys[:h], p)
-        computed = keys[h:]
-        if computed:
-            keys_out, parents, priorities = self._computed
-            keys_out += computed
-            parents += chain_parents(computed, keys[h - 1] if h else None)
-            priorities += [p] * len(computed)
+            self.connector.gpu_hits(g, h, p)
+        self.connector.computed(g, h, len(keys), p)
         return cached
 
-    def _count_gpu_hits(self, keys: list[int], priority: int) -> None:
-        """Tell the tiers a request hit ``keys`` in the GPU cache (write-through-after-hits counts them)."""
-        if keys and self.tiers.counts_gpu_hits:
-            self.tiers.gpu_hits(keys, chain_parents(keys, None), priority)
+    def _block_names(self, g: SequenceGroup, start: int, stop: int) -> list[int]:
+        """The tiers name a block by its chain key in v0's prefix cache."""
+        return self.alloc.prefix_keys(g.prefix)[start:stop]
 
     def _start_load(self, g: SequenceGroup, keys: list[int], hits: list[int], found: list[int]) -> None:
         """``g`` loads the ``len(found)`` blocks after its GPU ``hits`` from the tiers ``found``
         names: it holds its hits and fresh blocks, and waits outside the queues and the batch."""
         h, k, p, s = len(hits), len(found), g.request.priority, g.seq_ids[0]
         g.after_load = False
-        self._count_gpu_hits(keys[:h], p)
+        self.connector.gpu_hits(g, h, p)
         self.alloc.start_load(s, keys, hits, k)
-        loaded = keys[h:h + k]
-        self._await_load(self.tiers.start_load(loaded, found, self.now, p), s, g, loaded)
+        done, loaded = self.connector.load(g, h, found, self.now, p)
+        self._await_load(done, s, g, loaded)
 
     def _load_done(self, s: int, g: SequenceGroup, keys: list[int]) -> int:
         """The loaded blocks (``keys``) are cached on the GPU and released (a release: the
@@ -550,7 +541,7 @@ class Scheduler(TierLoads):
             return 0
         if self.beam_groups:
             return 0
-        if self.tiers is not None and (self.waiting or self._writes_back):
+        if self.connector is not None and (self.waiting or self._writes_back):
             return 0  # a store turning readable may let the head load; each step's evictions are a batch
         if self.waiting and self.blocked == "swapped" and not self.swapped:
             return 0  # the swapped groups that blocked admission were aborted in this step
@@ -580,9 +571,8 @@ class Scheduler(TierLoads):
         """Every scheduled sequence gained one token (or one per iteration of a run:
         ``step`` followed by ``run``); finished sequences free memory."""
         if step.prefill:
-            if self._computed[0]:  # the prompt blocks its prefills computed (cache tiers)
-                computed, self._computed = self._computed, ([], [], [])
-                self.tiers.write_through(*computed, now)
+            if self.connector is not None:  # the prompt blocks its prefills computed
+                self.connector.step_ended(now)
             for g in step.prefill:  # the prefill samples each sequence's first token
                 g.gen_base += 1
                 if g.first_token is None:

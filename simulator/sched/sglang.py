@@ -94,7 +94,7 @@ predict cheaply (a decay of the ratio can unblock admission at any step), so the
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from itertools import islice
 
@@ -105,7 +105,7 @@ from kvsim.policies.indexes.radix_cache import (
     request_tokens,
 )
 from kvsim.policies.kv_allocator import Admission, RunWeights
-from kvsim.policies.tiers.tier_stack import TierStack, chain_parents
+from kvsim.policies.tiers.tier_stack import TierStack
 from kvsim.simulator.sched.one_sequence import OneSequenceScheduler, add_prefill_chunk
 from kvsim.simulator.sched.scheduler import SchedulerSettings, Step
 from kvsim.simulator.sched.sequence import SequenceGroup, Status
@@ -282,8 +282,8 @@ class SchedulerSGLang(OneSequenceScheduler):
                 self._decode(step, retract=False)  # (SGLang mixes without retraction)
         elif self.running:
             self._decode(step, retract=True)
-        if self.tiers is not None:  # this scheduling's write-back / after-hits stores, after its loads
-            self.tiers.flush_scheduling(now)
+        if self.connector is not None:  # this scheduling's write-back / after-hits stores, after its loads
+            self.connector.scheduled(now)
         return step
 
     def _reserved(self) -> float:
@@ -343,7 +343,8 @@ class SchedulerSGLang(OneSequenceScheduler):
             # memory left shrinks by the part of the hit no running request held (SGLang
             # checks again under ``_lock_node`` for the same reason).
             hit = alloc.open(s, tokens, T, self._final_len(g), g.request.priority)
-            if self.tiers is not None and (found := self._tier_lookup(g, hit, T)):
+            if self.connector is not None and (  # the one question to the tiers: can they give more pages?
+                    found := self.connector.found(g, hit // P, (T - 1) // P, self.now)):
                 # the pages must fit in what admission may take: the running requests'
                 # reservation (``offset``) holds for a load as for a prefill
                 if len(found) * P >= alloc.available() + taken - offset:  # no room: admission stops
@@ -370,8 +371,8 @@ class SchedulerSGLang(OneSequenceScheduler):
                 g.after_load = False
             else:
                 alloc.count_lookup(T, hit)
-                if self.tiers is not None:
-                    self._count_gpu_hits(g, hit)
+                if self.connector is not None:
+                    self.connector.gpu_hits(g, hit // P, g.request.priority)
             taken += more
             admitted += 1
             g.prompt_len = T
@@ -404,14 +405,9 @@ class SchedulerSGLang(OneSequenceScheduler):
             self.alloc.pages.extend(self._tokens[g], keys, stop)
         return keys
 
-    def _tier_lookup(self, g: SequenceGroup, hit: int, T: int) -> list[int]:
-        """The tier providing each page after ``g``'s radix hit of ``hit`` tokens, up to the
-        first page no tier holds ready, below the match cap (``T - 1`` tokens, whole pages)."""
-        P = self.alloc.page_size
-        first, stop = hit // P, (T - 1) // P
-        if first >= stop:
-            return []
-        return self.tiers.lookup(islice(self._keys(g, stop), first, stop), self.now)
+    def _block_names(self, g: SequenceGroup, start: int, stop: int) -> Iterable[int]:
+        """The tiers name a page by its chained identity (pages ``start .. stop - 1``)."""
+        return islice(self._keys(g, stop), start, stop)
 
     def _start_load(self, g: SequenceGroup, hit: int, found: list[int], T: int) -> None:
         """``g`` loads the ``len(found)`` pages after its radix hit (locked since ``open``) from
@@ -419,19 +415,11 @@ class SchedulerSGLang(OneSequenceScheduler):
         alloc, P, s = self.alloc, self.alloc.page_size, g.seq_ids[0]
         g.after_load = False
         alloc.count_lookup(T, hit)
-        self._count_gpu_hits(g, hit)
+        self.connector.gpu_hits(g, hit // P, g.request.priority)
         k = len(found)
         alloc.extend(s, k * P)  # (may evict: write-back stores what goes)
-        first = hit // P
-        done = self.tiers.start_load(self._page_keys[g][first:first + k], found, self.now, g.request.priority)
+        done, _ = self.connector.load(g, hit // P, found, self.now, g.request.priority)
         self._await_load(done, s, g, k)
-
-    def _count_gpu_hits(self, g: SequenceGroup, hit: int) -> None:
-        """Tell the tiers which cached pages ``g`` hit (write-through-after-hits counts them)."""
-        pages = hit // self.alloc.page_size
-        if pages and self.tiers.counts_gpu_hits:
-            keys = self._keys(g, pages)[:pages]
-            self.tiers.gpu_hits(keys, chain_parents(keys, None), g.request.priority)
 
     def _load_done(self, s: int, g: SequenceGroup, k: int) -> int:
         """The ``k`` loaded pages join the tree (pages cached meanwhile are duplicates, freed)
@@ -502,7 +490,7 @@ class SchedulerSGLang(OneSequenceScheduler):
         finished their prefill sampled a token and joined the batch, decoders sampled."""
         alloc, itl = self.alloc, self.itl
         finished = []
-        stores = ([], [], []) if self.tiers is not None else None  # pages prefill chunks inserted
+        connector = self.connector
         for g in step.decode:  # each sampled; its gap since its own last token (prefill steps stall it)
             itl.add(now - g.last_token)
             g.last_token = now
@@ -513,8 +501,9 @@ class SchedulerSGLang(OneSequenceScheduler):
             s = g.seq_ids[0]
             before = alloc.cached_len(s)
             alloc.cache_unfinished(s)
-            if stores is not None:
-                self._inserted_pages(g, before, alloc.cached_len(s), stores)
+            if connector is not None:  # the pages its chunk put in the tree: written through
+                P = alloc.page_size
+                connector.computed(g, before // P, alloc.cached_len(s) // P, g.request.priority)
             if alloc.kv_len(s) < self._target[g]:
                 continue  # mid-prefill: it continues next step
             del self._target[g]
@@ -528,19 +517,10 @@ class SchedulerSGLang(OneSequenceScheduler):
             self.running.append(g)
             if g.gen_base >= g.request.output_tokens:
                 finished.append(g)
-        if stores is not None and stores[0]:
-            self.tiers.write_through(*stores, now)
+        if connector is not None:
+            connector.step_ended(now)
         for g in finished:
             self._retire(g, now)
-
-    def _inserted_pages(self, g: SequenceGroup, before: int, after: int, stores: tuple[list, list, list]) -> None:
-        """Note the pages ``g``'s chunk put in the tree (tokens ``before``..``after``) for write-through."""
-        P = self.alloc.page_size
-        if after > before:
-            keys = self._keys(g, after // P)[before // P:after // P]
-            stores[0].extend(keys)
-            stores[1].extend(chain_parents(keys, self._page_keys[g][before // P - 1] if before else None))
-            stores[2].extend([g.request.priority] * len(keys))
 
     def complete_run(self, run: RunWeights, now: float) -> None:
         raise NotImplementedError("sglang runs no macro-steps")

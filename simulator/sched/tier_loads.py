@@ -5,14 +5,17 @@ each decide on their own when a request loads (``policies.tiers.tier_stack``) an
 load's end does to their GPU cache (``_load_done``). The rest is the same for all three:
 the request waits outside the queues and the batch, by when its load ends (s); the engine
 is told to wake then; and at the end it goes back to the *front* of the waiting queue,
-where a GPU cache hit awaits it.
+where a GPU cache hit awaits it. Every call to the tiers goes through one connector
+(``simulator.sched.tier_connector``), built here from how the scheduler names its blocks.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Iterable
 from typing import TYPE_CHECKING
+
+from kvsim.simulator.sched.tier_connector import TierConnector
 
 if TYPE_CHECKING:
     from collections import deque
@@ -25,14 +28,16 @@ INF = float("inf")
 
 class TierLoads:
     """Base of a scheduler whose requests may load from cache tiers. The scheduler keeps
-    ``now`` (s) and ``waiting`` (a deque or a list: both take ``insert(0, g)``), starts a
-    load by ``_await_load`` and says what its end caches by ``_load_done``."""
+    ``now`` (s) and ``waiting`` (a deque or a list: both take ``insert(0, g)``), names its
+    blocks for the tiers by ``_block_names``, starts a load by ``_await_load`` and says what
+    its end caches by ``_load_done``. ``connector``: its door to the tiers (None: no tiers)."""
 
     now: float  # the scheduler's clock (s)
     waiting: deque[SequenceGroup] | list[SequenceGroup]
 
     def __init__(self, tiers: TierStack | None) -> None:
-        self.tiers = tiers
+        self.tiers = tiers  # (their counters: the engine reads ``tiers.stats()``)
+        self.connector = TierConnector(tiers, self._block_names) if tiers is not None else None
         # Requests loading, by when their load ends:
         # (end s, seq, group, start s, what ``_load_done`` needs)
         self.loading: list[tuple] = []
@@ -58,6 +63,10 @@ class TierLoads:
             g.back_from_load(self._load_done(s, g, *facts), start, done)
             self.waiting.insert(0, g)
         self.next_load_s = loading[0][0] if loading else INF
+
+    def _block_names(self, g: SequenceGroup, start: int, stop: int) -> Iterable[Hashable]:
+        """What blocks ``start .. stop - 1`` of ``g``'s prompt are called in the tiers."""
+        raise NotImplementedError
 
     def _load_done(self, s: int, g: SequenceGroup, *facts) -> int:
         """Cache what sequence ``s``'s load brought (``facts``: what ``_await_load`` was

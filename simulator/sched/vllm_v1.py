@@ -40,7 +40,7 @@ certain to stay blocked.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 
 from kvsim.policies.kv_allocator import Admission, RunWeights
@@ -50,11 +50,12 @@ from kvsim.policies.ledger.v1_prefix_cache import (
     block_identities,
     identity_before,
 )
-from kvsim.policies.tiers.tier_stack import TierStack, chain_parents
+from kvsim.policies.tiers.tier_stack import TierStack
 from kvsim.simulator.decoding import prefix_contents
 from kvsim.simulator.sched.one_sequence import OneSequenceScheduler, add_prefill_chunk
 from kvsim.simulator.sched.scheduler import FinishQueue, SchedulerSettings, Step, beyond_context
 from kvsim.simulator.sched.sequence import SequenceGroup, Status
+from kvsim.simulator.sched.tier_connector import TierConnector
 from kvsim.traces import Request
 
 
@@ -132,8 +133,8 @@ class SchedulerV1(OneSequenceScheduler):
             self.blocked = "preempted" if self.waiting else None
         else:
             self._admit(step, budget)
-        if self.tiers is not None:
-            self.tiers.flush_scheduling(now)
+        if self.connector is not None:
+            self.connector.scheduled(now)
         return step
 
     def _schedule_in_lockstep(self, step: StepV1, budget: int) -> int | None:
@@ -229,9 +230,8 @@ class SchedulerV1(OneSequenceScheduler):
             g = waiting[0]
             T = g.request.prompt_tokens + g.gen_base  # num_tokens: a recomputed request keeps its tokens
             hits = cache.lookup(g.prefix, g.request.request_id, T) if cache is not None else []
-            if self.tiers is not None:
-                found = self.tiers.lookup(
-                    block_identities(g.prefix, g.request.request_id, len(hits), (T - 1) // B), self.now)
+            if self.connector is not None:  # the one question to the tiers: can they give more blocks?
+                found = self.connector.found(g, len(hits), (T - 1) // B, self.now)
                 if found:
                     if len(found) + len(hits) - (cache.in_use(hits) if hits else 0) > alloc.num_free_blocks:
                         self.blocked = Admission.NO_SPACE
@@ -263,8 +263,8 @@ class SchedulerV1(OneSequenceScheduler):
                     g.after_load = False
                     cache.prefix_hits -= len(hits)
                     lookups = 0
-                elif self.tiers is not None and hits:
-                    self._count_gpu_hits(g, len(hits))
+                elif self.connector is not None:
+                    self.connector.gpu_hits(g, len(hits), g.request.priority)
                 cache.name(s, g.prefix, g.request.request_id, len(hits), lookups, g.request.priority)
             g.prompt_len = T
             g.cached_tokens = hit
@@ -288,22 +288,18 @@ class SchedulerV1(OneSequenceScheduler):
         """``g`` loads the ``len(found)`` blocks after its GPU hit from the tiers ``found``
         names: it holds its hit blocks and fresh ones for the load, and waits for it
         outside both queues (no batch slot, no token budget)."""
-        cache, tiers, B = self.cache, self.tiers, self.alloc.block_size
-        rid, prio, s, h = g.request.request_id, g.request.priority, g.seq_ids[0], len(hits)
+        cache, B = self.cache, self.alloc.block_size
+        prio, s, h = g.request.priority, g.seq_ids[0], len(hits)
         g.after_load = False
         cache.prefix_lookups += (T - 1) // B
-        if hits:
-            self._count_gpu_hits(g, h)
+        self.connector.gpu_hits(g, h, prio)
         cache.start_load(s, hits, len(found), prio)
-        keys = list(block_identities(g.prefix, rid, h, h + len(found)))
-        parent = identity_before(g.prefix, rid, h)
-        self._await_load(tiers.start_load(keys, found, self.now, prio), s, g, keys, parent)
+        done, keys = self.connector.load(g, h, found, self.now, prio)
+        self._await_load(done, s, g, keys, identity_before(g.prefix, g.request.request_id, h))
 
-    def _count_gpu_hits(self, g: SequenceGroup, h: int) -> None:
-        """Tell the tiers which GPU cached blocks ``g`` hit (write-through-after-hits counts them)."""
-        if self.tiers.counts_gpu_hits:
-            keys = list(block_identities(g.prefix, g.request.request_id, 0, h))
-            self.tiers.gpu_hits(keys, chain_parents(keys, None), g.request.priority)
+    def _block_names(self, g: SequenceGroup, start: int, stop: int) -> Iterable[Hashable]:
+        """The tiers name a block by its identity in v1's prefix cache."""
+        return block_identities(g.prefix, g.request.request_id, start, stop)
 
     def _load_done(self, s: int, g: SequenceGroup, keys: list, parent: object) -> int:
         """The loaded blocks are cached on the GPU and released."""
@@ -361,7 +357,7 @@ class SchedulerV1(OneSequenceScheduler):
         if running >= lim.max_num_seqs or budget <= 0:
             return True
         free = self.alloc.num_free_blocks
-        if self.tiers is not None and free:
+        if self.connector is not None and free:
             return False  # a store turning readable may start a load, which needs one free block
         g, cache, B = self.waiting[0], self.cache, self.alloc.block_size
         T = g.request.prompt_tokens + g.gen_base
@@ -394,10 +390,10 @@ class SchedulerV1(OneSequenceScheduler):
             g.gen_base -= 1
         if step.decode:  # each sampled its last token when the previous step ended
             itl.add(end - self._last_step_end, len(step.decode))
-        stores = ([], [], []) if self.tiers is not None else None  # prompt blocks filled: keys, parents, priorities
+        connector = self.connector
         for g, n in zip(step.prefill, step.chunks):
-            if stores is not None:
-                self._filled_blocks(g, stores)
+            if connector is not None:
+                self._filled_blocks(g, connector)
             elif self.cache is not None:
                 self.cache.register_full(g.seq_ids[0])
             computed = prefilling[g] + n
@@ -413,25 +409,18 @@ class SchedulerV1(OneSequenceScheduler):
                 itl.add(end - g.last_token)
             self._finishes.file(g)
         self._last_step_end = end
-        if stores is not None and stores[0]:
-            self.tiers.write_through(*stores, end)
+        if connector is not None:
+            connector.step_ended(end)
         if run is not None:
             self._run_done(run, step.shape.decode_seqs, now)
         self._retire_due(now)
 
-    def _filled_blocks(self, g: SequenceGroup, stores: tuple[list, list, list]) -> None:
-        """Cache the blocks ``g``'s chunk filled, and note them for write-through stores."""
+    def _filled_blocks(self, g: SequenceGroup, connector: TierConnector) -> None:
+        """Cache the blocks ``g``'s chunk filled, and tell the tiers (written through)."""
         s, cache = g.seq_ids[0], self.cache
         start = cache.named_blocks(s)
         cache.register_full(s)
-        stop = cache.named_blocks(s)
-        if stop > start:
-            rid = g.request.request_id
-            keys = list(block_identities(g.prefix, rid, start, stop))
-            parent = identity_before(g.prefix, rid, start)
-            stores[0].extend(keys)
-            stores[1].extend(chain_parents(keys, parent))
-            stores[2].extend([g.request.priority] * len(keys))
+        connector.computed(g, start, cache.named_blocks(s), g.request.priority)
 
     def complete_run(self, run: RunWeights, now: float) -> None:
         """A run that went on past a finish (no step of its own) ended at ``now``."""
