@@ -168,6 +168,10 @@ class V1PrefixCacheAllocator(PagedAllocator):
         """How many of ``blocks`` some sequence holds (the rest wait in the free queue)."""
         return self.pool.in_use(blocks)
 
+    def held(self, block: int) -> bool:
+        """Does some sequence hold ``block`` (else it waits in the free queue)?"""
+        return self.pool.refcounts[block] > 0
+
     def take_hits(self, blocks: Sequence[int], priority: int = 0) -> None:
         """Hold the hit blocks (a free one leaves the queue), before fresh blocks are taken;
         each is a use of its cached content by a request of ``priority``."""

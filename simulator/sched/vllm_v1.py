@@ -110,7 +110,7 @@ class SchedulerV1(OneSequenceScheduler):
         limit, B = self.limits.max_seq_len, self.alloc.block_size
         if why or (why := beyond_context(P, out, limit)):
             self._end(g, Status.REJECTED, why)
-        elif blocks_for(max(g.final_len(s), P), B) > self.alloc.pool.num_blocks:
+        elif blocks_for(max(g.final_len(s), P), B) * B > self.alloc.capacity:
             self._end(g, Status.REJECTED, f"needs more KV slots than the whole cache ({self.alloc.capacity})")
         else:
             if self.cache is not None:  # the chained identities of its shared prompt blocks
@@ -365,10 +365,9 @@ class SchedulerV1(OneSequenceScheduler):
         if lim.reserve_full_isl and blocks_for(T, B) - (cache.in_use(hits) if hits else 0) > free:
             return True
         cap = budget if not 0 < lim.long_prefill_token_threshold < budget else lim.long_prefill_token_threshold
-        rc = self.alloc.pool.refcounts
         held, least = 0, blocks_for(min(T, cap), B)  # no hit left
         for h, b in enumerate(hits, 1):
-            held += rc[b] > 0
+            held += cache.held(b)
             least = min(least, blocks_for(min(T, h * B + cap), B) - held)
         return least > free
 
