@@ -132,7 +132,7 @@ RUN: dict[str, Shrink] = {
     "python -m kvsim.simulator.app.tier_tables": Shrink(after=(TIERS_MT, TIERS_MOON)),
     "kvsim trace stats traces/data/AzureLLMInferenceTrace_conv.csv": Shrink(),
     "kvsim trace plot traces/data/synthetic_trace.jsonl -o mooncake.png": Shrink(),
-    # Every section at tiny size runs in tests/simulator/test_reproduce.py (minutes here);
+    # Every section at tiny size runs in tests/simulator/app/test_reproduce.py (minutes here);
     # these check that each section's sweeps, as --quick or the full run builds them, are valid.
     "kvsim reproduce vllm-paper --quick": Shrink(("--dry-run",)),
     "kvsim reproduce vllm-paper": Shrink(("--dry-run",)),
@@ -146,6 +146,7 @@ RUN: dict[str, Shrink] = {
     "[--efficiencies NAME]": Shrink(),  # (run without its optional part)
     "python -m kvsim.simulator.cost_model.roofline_check [--efficiencies NAME] [--plot PNG]": Shrink(),
     "python -m kvsim.simulator.app.prefix_cache_experiment": Shrink(("--tiny",)),
+    "python -m kvsim.simulator.cost_model.hybrid_table": Shrink(),
 }
 
 INSTALLS = "installs packages (make test installs the dev extras and runs the suite this test is in)"
@@ -158,13 +159,14 @@ NOT_RUN: dict[str, str] = {
     "pip install -e '.[notebooks]' && jupyter lab notebooks/": INSTALLS + "; jupyter opens a browser",
     "python -m pip wheel --no-deps .": "builds the wheel: tests/packaging/ does, and installs it",
     "pip --target": "an option named in prose (tests/packaging/ installs the wheel with it)",
-    "cat bad.yaml": "the error example: tests/simulator/test_safety_outputs.py writes the file shown",
+    "cat bad.yaml": "the error example: tests/simulator/app/test_safety_outputs.py writes the file shown",
     "kvsim run bad.yaml": "the error example, which must fail: test_readme_error_example_is_the_real_message "
                           "runs it and compares the message",
-    "ray start --head": "starts a Ray cluster's head node (tests/sweep/test_ray.py runs the Ray executor)",
+    "ray start --head": "starts a Ray cluster's head node "
+                        "(tests/simulator/app/sweep/test_ray.py runs the Ray executor)",
     "kvsim sweep FILE --executor ray --address auto": "a form (FILE), on a Ray cluster",
     "kvsim sweep FILE --executor ray --workers 2": "a form (FILE); a local Ray takes tens of seconds to start "
-                                                   "(tests/sweep/test_ray.py)",
+                                                   "(tests/simulator/app/sweep/test_ray.py)",
     "kvsim calibrate": "needs CUDA (the GPU benchmark)",
     "python -m kvsim.gpu_validation.bench": "needs CUDA (what kvsim calibrate runs)",
     "bash gpu_validation/run_h200.sh": "needs CUDA (the prepared GPU run)",
@@ -177,11 +179,12 @@ NOT_RUN: dict[str, str] = {
     "kvsim sweep FILE": "a form (FILE)", "kvsim plot SWEEP_DIR": "a form; kvsim plot results/block-size runs",
     "kvsim trace plot FILE": "a form; kvsim trace plot traces/data/synthetic_trace.jsonl runs",
     "python -m kvsim.simulator.cost_model.roofline_fit": "~40 s (a least-squares fit over every profiled step); "
-                                                         "tests/simulator/test_roofline_fit.py runs its fits",
+                                                         "tests/simulator/cost_model/test_roofline_fit.py "
+                                                         "runs its fits",
     "python -m benchmarks.run --cases moon16,moon256,mt10k,mt30k,mt100k": "a timing benchmark of tens of seconds "
                                                                           "(make bench)",
     "python -m benchmarks.startup --repeat 10": "a timing benchmark (ten fresh processes); "
-                                                "tests/test_bench_sglang_startup.py runs its probe once",
+                                                "tests/benchmarks/test_bench_sglang_startup.py runs its probe once",
     "python -m benchmarks.compare REV [--new-tree DIR] [--old-set|--new-set CASE:key=value]":
         "a form (REV); runs the benchmarks twice, at a git worktree and here",
 }

@@ -14,7 +14,7 @@ line on stderr and exit status 2 — never a traceback.
 
 Each option is defined once: an option several commands take (``--set``, the sweep
 executor's ``--executor``/``--address``/``--workers``/``--no-progress``) comes from one
-``_add_*`` function (tests/simulator/test_cli_options.py checks that they agree).
+``_add_*`` function (tests/simulator/app/test_cli_options.py checks that they agree).
 """
 
 from __future__ import annotations
@@ -252,7 +252,7 @@ def rates_table(rates, title: str) -> Table:
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
-    from kvsim.simulator.app.reproduce import EXPERIMENTS, reproduce
+    from kvsim.simulator.app.reproduce import EXPERIMENTS, reproduce, verdict_counts
 
     _check_address(args)
     only = tuple(x.strip() for x in (args.only or "").split(",") if x.strip())
@@ -272,6 +272,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     report = reproduce(Path(args.out), quick=args.quick, executor=args.executor, workers=args.workers,
                        address=args.address, only=only, progress=not args.no_progress, log=console.print)
     console.print(f"report:  {report.path}")
+    console.print(verdict_counts(report.verdicts))
     if report.figures:
         console.print(f"figures: {report.path.parent / 'figures'}")
     for key, why in report.failed.items():  # a section that failed fails the command

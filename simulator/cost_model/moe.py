@@ -34,7 +34,7 @@ What it costs, and why (DESIGN.md "Cost model", mixture-of-experts):
   is fast at every point:
   median 31%, from 16% (one token) to 58% (256 tokens on 8 experts): the fused-MoE kernel
   reaches well under the bandwidth the dense GEMMs do. Measured tables, where a profile has
-  them, are the better answer; ``tests/simulator/test_moe.py`` checks the formulas by hand.
+  them, are the better answer; ``tests/simulator/cost_model/test_moe.py`` checks the formulas by hand.
 - **Time, profiled** (``MoeTable``): LLMServingSim's ``moe.csv`` times the whole MoE block
   (router and fused experts, profiled as one unit) on one GPU by ``tokens`` and
   ``activated_experts`` (the distinct experts touched), measured at tensor-parallel degree 1

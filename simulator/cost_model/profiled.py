@@ -36,7 +36,7 @@ profile it is 256 (p95 10.2% against 19.6% for plain linear), and counting a mix
 decoding sequences as query rows is what the data support (the chunk-axis p95 over mixed
 steps is 10.1% with them, 23% without). ``ProfiledCostModel(chunk_tile=...)`` overrides it.
 
-Held-out error (``tests/simulator/test_profiled_cost_model.py``): each interior value of
+Held-out error (``tests/simulator/cost_model/test_profiled_cost_model.py``): each interior value of
 each attention axis left out of the profile in turn, the model rebuilt on the rest and
 asked for the left-out points (a doubling grid: 4x gaps, harsher than real lookups), tile
 fixed at the whole profile's 256. Median / p95 of attention's own times, decode, prefill,

@@ -27,7 +27,7 @@ observe the replica before the next arrival) and a new run is planned from there
 completes only the last part (:class:`RunEnd`). One row records the whole run: its
 duration, iterations, tokens and the duration-weighted means of batch and memory.
 
-Same results as stepping one iteration at a time (tests/simulator/test_macro_steps*.py
+Same results as stepping one iteration at a time (tests/simulator/engine/test_macro_steps*.py
 and the differential tests against the reference engine), far fewer Python steps.
 """
 

@@ -234,7 +234,7 @@ class Simulation:
         return env.now
 
     # A row's queue lengths and memory classes: the one spot that sees every row's replica as
-    # the row is written (tests/simulator/test_validate.py checks the running counts there).
+    # the row is written (tests/simulator/app/test_validate.py checks the running counts there).
     _state = staticmethod(row_state)
 
     def _transfer(self, replica: Replica, seconds: float):

@@ -16,7 +16,7 @@ from kvsim.simulator.app.tier_tables import EVICTION, SIZE, WRITE, TierTable
 from kvsim.simulator.config import load_config
 from kvsim.simulator.engine.runner import run_experiment
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[4]
 
 
 def readme_row(size: str) -> list[str]:

@@ -1,6 +1,6 @@
 """Every number ``summarize`` publishes, from a hand-made request table and step table.
 
-``tests/behaviour/test_summary_numbers.py`` covers the latency statistics; this file pins
+``tests/simulator/engine/test_summary_numbers.py`` covers the latency statistics; this file pins
 the rest of the summary (step counters, memory shares, preemption traffic, goodput at its
 SLO boundaries, the one-token request, the measurement window) to values worked out here.
 Every time and duration is a sum of powers of two, so each expectation is exact in floating

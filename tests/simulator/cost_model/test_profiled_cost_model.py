@@ -657,7 +657,7 @@ def test_roofline_check_reports_the_error_distribution(capsys):
     # The roofline's earlier hand-picked efficiencies (60% of peak compute, 80% of bandwidth,
     # 1 ms a step) overestimate this GPU: decode and prefill steps are too slow.
     assert 0.1 < rows["decode"][3] < 0.4 and rows["prefill"][3] > 0.2
-    # the defaults, fitted to this profile (tests/simulator/test_roofline_fit.py), do better
+    # the defaults, fitted to this profile (tests/simulator/cost_model/test_roofline_fit.py), do better
     fitted = {r[0]: r for r in error_table(compare(NAME, "rtx4090", "llama-3.1-8b"))}
     assert abs(fitted["decode"][3]) < rows["decode"][3] and abs(fitted["prefill"][3]) < rows["prefill"][3]
     p = points[0]

@@ -1,4 +1,4 @@
-"""Contiguous-allocator rules that tests/policies/test_contiguous_allocator.py leaves open.
+"""Contiguous-allocator rules that tests/policies/ledger/test_contiguous_allocator.py leaves open.
 
 1. Every misuse is refused with a one-line error that names the sequence, the sizes and the
    limit, so a caller (a scheduler bug, a bad config) learns what it did wrong.

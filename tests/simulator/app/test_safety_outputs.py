@@ -23,7 +23,7 @@ from kvsim.simulator.app.cli import main, rates_table, summary_table, sweep_tabl
 from kvsim.simulator.app.display import fmt_cell, fmt_number
 from kvsim.simulator.app.results import MARKER, RUN_INFO
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[3] / "README.md"
 
 
 def snapshot(root: Path) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""Radix-cache rules the brute-force model in tests/policies/test_radix_cache.py leaves open
+"""Radix-cache rules the brute-force model in tests/policies/indexes/test_radix_cache.py leaves open
 (policies/indexes/radix_cache.py), each worked out by hand.
 
 1. A lookup's ``limit`` holds below the first node too: a match never runs past it.

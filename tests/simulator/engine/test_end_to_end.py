@@ -8,7 +8,7 @@ from kvsim.simulator.config import load_config
 from kvsim.simulator.engine.runner import run_experiment
 from kvsim.traces.loaders import load_trace
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
 
 

@@ -16,7 +16,7 @@ from kvsim.simulator.cost_model.import_files import DEFAULT_OUT_DIR
 from kvsim.simulator.cost_model.profile_import import convert, default_name, import_bundle
 from kvsim.simulator.cost_model.profile_names import gpu_key, profile_name
 
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "validation" / "profiles-rtxpro6000"
+SHARED = Path(__file__).resolve().parents[4] / "shared" / "validation" / "profiles-rtxpro6000"
 
 META = {
     "profiler_version": "1.0.0", "vllm_version": "0.19.0", "gpu": "NVIDIA RTX PRO 6000 Blackwell Server Edition",

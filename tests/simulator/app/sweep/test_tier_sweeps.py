@@ -12,7 +12,7 @@ from kvsim.simulator.app.cli import main
 from kvsim.simulator.app.sweep import expand_points, load_sweep, resolve_config
 from kvsim.simulator.config import ConfigError, apply_override, load_config
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[4]
 TIERS = ROOT / "configs" / "tiers"
 SIZE = "allocator.tiers.0.capacity_gib"
 EVICT = "allocator.tiers.0.eviction_policy"

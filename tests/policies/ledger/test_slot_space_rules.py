@@ -1,4 +1,4 @@
-"""Slot-space rules the random test in tests/policies/test_slot_space.py rarely reaches.
+"""Slot-space rules the random test in tests/policies/ledger/test_slot_space.py rarely reaches.
 
 1. ``can_place`` for ``buddy_exact`` must count the trimmed tail as free: a later, smaller
    region of the same batch may land in it.

@@ -40,7 +40,7 @@ from kvsim.simulator.cost_model.profiled import ProfiledCostModel
 from kvsim.simulator.cost_model.roofline import RooflineCostModel, RooflineParams
 from kvsim.simulator.engine.runner import run_experiment
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CONFIG = ROOT / "configs" / "moe" / "qwen3-30b-a3b.yaml"
 SHARED_BUNDLE = ROOT.parent / "shared" / "validation" / "profiles-rtxpro6000" / "qwen3-30b-a3b-instruct-2507"
 QWEN = MODELS["qwen3-30b-a3b"]

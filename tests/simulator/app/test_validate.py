@@ -27,7 +27,7 @@ from kvsim.simulator.app.validate import (
 from kvsim.simulator.app.validate_report import readme_snippet, report_dict, write_validation
 from kvsim.simulator.config import validate_config
 
-REAL = Path(__file__).resolve().parents[2] / "gpu_validation" / "runs" / "vllm-0.19-rtx4090-llama-3.1-8b"
+REAL = Path(__file__).resolve().parents[3] / "gpu_validation" / "runs" / "vllm-0.19-rtx4090-llama-3.1-8b"
 
 # Four requests worked out by hand (times in s; the engine's clock starts at 100 s).
 #            queued  first   last    output   -> TTFT  E2E   TPOT

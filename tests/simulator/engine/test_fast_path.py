@@ -1,6 +1,6 @@
 """The fast path (simulator/engine/fast_path.py): run planning in closed form, what an applied run
 leaves to complete, and the engine loop that stays the story (no allocator calls, one screen).
-Identical results with and without the fast path are tests/simulator/test_macro_steps*.py's
+Identical results with and without the fast path are tests/simulator/engine/test_macro_steps*.py's
 and the differential tests' business."""
 
 import ast

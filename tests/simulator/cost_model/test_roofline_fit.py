@@ -437,7 +437,7 @@ def test_presets_and_the_check_command(capsys, tmp_path):
 
 def test_the_readme_shows_the_leave_one_gpu_out_table(held):
     """README, "Leave one GPU out": the table as ``roofline_fit`` prints it, row for row."""
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
     own = {"a100-80gb": "measured-a100", "rtx-pro-6000": "measured-rtx-pro-6000", "rtx4090": "measured-rtx4090"}
     table = held_out_table(list(held.values()), {g: RooflineParams(**ROOFLINE_PRESETS[p]) for g, p in own.items()})
     for row in table.splitlines():

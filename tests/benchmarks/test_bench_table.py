@@ -6,7 +6,7 @@ from pathlib import Path
 
 from benchmarks.run import README_ROWS, readme_table
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def _fake(wall_s: float, rss: float, requests: int) -> dict:

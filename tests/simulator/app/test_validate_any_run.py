@@ -26,7 +26,7 @@ from kvsim.simulator.app.validate import (
 )
 from kvsim.simulator.app.validate_report import markdown, readme_snippet, report_dict, targets
 
-REAL = Path(__file__).resolve().parents[2] / "gpu_validation" / "runs" / "vllm-0.19-rtx4090-llama-3.1-8b"
+REAL = Path(__file__).resolve().parents[3] / "gpu_validation" / "runs" / "vllm-0.19-rtx4090-llama-3.1-8b"
 
 
 def copy_run(tmp_path: Path, name: str = "run", strip: tuple[str, ...] = (), **engine_kwargs) -> Path:

@@ -1,4 +1,4 @@
-"""Scheduler rules the other behaviour tests leave open: why a group was aborted, how many
+"""vLLM v0 scheduler rules its other tests leave open: why a group was aborted, how many
 were aborted in one step, what beams copy when nothing is shared, what may cut a run of
 identical decode steps (one engine row), and why a too-long request was rejected.
 

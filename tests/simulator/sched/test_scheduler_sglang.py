@@ -346,7 +346,7 @@ def test_random_workloads_keep_exact_books_and_finish(reqs, page, policy, chunk,
 def test_the_shipped_comparison_sweeps_are_valid(sweep, points):
     """configs/sglang_vs_vllm: every point (vLLM v1 and SGLang at page 1 and 16, mixed or
     not) resolves to a valid config, before anything runs."""
-    spec = load_sweep(Path(__file__).parents[2] / "configs" / "sglang_vs_vllm" / sweep)
+    spec = load_sweep(Path(__file__).parents[3] / "configs" / "sglang_vs_vllm" / sweep)
     pts = expand_points(spec)
     assert len(pts) == points
     validate_points(spec, pts)

@@ -205,4 +205,4 @@ def test_every_catalogue_model_runs_on_the_example_profile(profile):
 
 def test_simulator_side_imports_no_torch():
     code = "import sys, kvsim.simulator.cost_model.calibrated; assert 'torch' not in sys.modules and 'triton' not in sys.modules"
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[2])
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[3])

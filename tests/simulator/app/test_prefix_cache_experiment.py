@@ -17,7 +17,7 @@ from kvsim.simulator.app.prefix_cache_experiment import (
 )
 from kvsim.simulator.app.sweep import expand_points, load_sweep, validate_points
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[3] / "README.md"
 ALL_ROWS = tuple(WORKLOADS)
 """The README table's workloads, each run again whole (~12 s on one core)."""
 
