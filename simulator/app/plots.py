@@ -226,6 +226,60 @@ def plot_batched_requests(
     return _paths(path, formats)
 
 
+def _rate_top(curves: Mapping[str, tuple[Sequence[float], Sequence[float]]],
+              threshold: float | None) -> float:
+    """The y-axis top of a latency-vs-rate plot: past the knee latency explodes, so the axis
+    stops at a few times the threshold and lines leave the top, as in the paper."""
+    ymax = 0.0
+    for _, lat in curves.values():
+        y = np.asarray(lat, float)
+        ymax = max(ymax, y[np.isfinite(y)].max(initial=0.0))
+    top = ymax * 1.08 if ymax > 0 else 1.0
+    if threshold is not None:
+        top = min(top, 4 * threshold) if ymax > 4 * threshold else max(top, 1.25 * threshold)
+    return top
+
+
+def _draw_rate_axes(ax, curves, colors: Mapping[str, int], sustainable, threshold, at_least,
+                    unit: str, top: float, x_max: float | None, paper_x_max: float | None,
+                    paper_label: str) -> None:
+    """One latency-vs-rate panel: a line per system (its colour from ``colors``), the bound,
+    each sustainable rate as a dotted line with its value, the x axis to ``x_max`` and the
+    end of the paper's own axis (``paper_x_max``) as a grey dash-dot line."""
+    for name, (rates, lat) in curves.items():
+        order = np.argsort(np.asarray(rates, float))
+        _system_line(ax, np.asarray(rates, float)[order], np.asarray(lat, float)[order],
+                     colors[name], name)
+    if threshold is not None:
+        ax.axhline(threshold, ls="--", lw=1, color="0.4", label=f"bound ({threshold:g} s/token)")
+    ax.set_ylim(0, top)
+    ax.set_xlim(left=0)
+    if x_max is not None:
+        ax.set_xlim(0, x_max)
+    if paper_x_max is not None:
+        ax.axvline(paper_x_max, ls="-.", lw=1, color="0.55", label=paper_label)
+    x_right = ax.get_xlim()[1]
+    for k, name in enumerate(curves):
+        rate = sustainable.get(name)
+        if rate is None or not math.isfinite(rate):
+            continue
+        i = colors[name]
+        ax.axvline(rate, ls=":", lw=1.6, color=system_color(i))
+        right = rate > 0.7 * x_right  # keep the label inside the axes
+        ax.annotate(
+            f"{'≥ ' if name in at_least else ''}{rate:.3g}{unit}",
+            xy=(min(rate, x_right), top),
+            xytext=(-3 if right else 3, -4 - 12 * (k % 5)),
+            textcoords="offset points",
+            ha="right" if right else "left",
+            va="top",
+            fontsize=8,
+            color=system_color(i),
+            fontweight="bold",
+            bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8},
+        )
+
+
 def plot_latency_vs_rate(
     curves: Mapping[str, tuple[Sequence[float], Sequence[float]]],
     path: Path,
@@ -235,6 +289,9 @@ def plot_latency_vs_rate(
     title: str = "Normalized latency vs request rate",
     at_least: Sequence[str] = (),
     formats: Sequence[str] = ("png", "svg"),
+    x_max: float | None = None,
+    paper_x_max: float | None = None,
+    paper_label: str = "end of the paper's axis",
 ) -> list[Path]:
     """Normalized latency (s/token) against the rate, one line per system (the vLLM paper's
     Fig. 12), each system's sustainable rate marked by a dotted vertical line and labelled.
@@ -242,48 +299,16 @@ def plot_latency_vs_rate(
     ``curves`` maps a system to (rates, normalized latencies); ``threshold`` (s/token) is
     drawn as a dashed line; systems in ``at_least`` met the bound at the highest rate tried,
     so their mark reads ">= rate". Past the knee latency explodes, so the y-axis stops at a
-    few times the threshold and lines leave the top, as in the paper.
+    few times the threshold and lines leave the top, as in the paper. ``x_max`` ends the x
+    axis (default: the highest rate drawn; rates past it are clipped); ``paper_x_max`` marks
+    where the paper's own axis ends.
     """
     sustainable = sustainable or {}
     with plt.rc_context(STYLE):
         fig, ax = plt.subplots(figsize=(7.5, 4.5))
-        ymax = 0.0
-        for i, (name, (rates, lat)) in enumerate(curves.items()):
-            order = np.argsort(np.asarray(rates, float))
-            x = np.asarray(rates, float)[order]
-            y = np.asarray(lat, float)[order]
-            _system_line(ax, x, y, i, name)
-            finite = y[np.isfinite(y)]
-            ymax = max(ymax, finite.max(initial=0.0))
-        top = ymax * 1.08 if ymax > 0 else 1.0
-        if threshold is not None:
-            top = min(top, 4 * threshold) if ymax > 4 * threshold else max(top, 1.25 * threshold)
-            ax.axhline(
-                threshold, ls="--", lw=1, color="0.4", label=f"bound ({threshold:g} s/token)"
-            )
-        ax.set_ylim(0, top)
-        unit = " req/s" if "req/s" in rate_label else ""
-        ax.set_xlim(left=0)
-        x_right = ax.get_xlim()[1]
-        for i, name in enumerate(curves):
-            rate = sustainable.get(name)
-            if rate is None or not math.isfinite(rate):
-                continue
-            ax.axvline(rate, ls=":", lw=1.6, color=system_color(i))
-            text = f"{'≥ ' if name in at_least else ''}{rate:.3g}{unit}"
-            right = rate > 0.7 * x_right  # keep the label inside the axes
-            ax.annotate(
-                text,
-                xy=(rate, top),
-                xytext=(-3 if right else 3, -4 - 12 * (i % 5)),
-                textcoords="offset points",
-                ha="right" if right else "left",
-                va="top",
-                fontsize=8,
-                color=system_color(i),
-                fontweight="bold",
-                bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8},
-            )
+        _draw_rate_axes(ax, curves, {name: i for i, name in enumerate(curves)}, sustainable,
+                        threshold, at_least, " req/s" if "req/s" in rate_label else "",
+                        _rate_top(curves, threshold), x_max, paper_x_max, paper_label)
         ax.set_xlabel(rate_label)
         ax.set_ylabel("normalized latency (s/token)")
         ax.set_title(title)
@@ -294,6 +319,63 @@ def plot_latency_vs_rate(
             title_fontsize=8,
             alignment="left",
         )
+        _save(fig, path, formats)
+    return _paths(path, formats)
+
+
+def plot_latency_vs_rate_panels(
+    panels: Mapping[str, Mapping[str, tuple[Sequence[float], Sequence[float]]]],
+    path: Path,
+    sustainable: Mapping[str, Mapping[str, float | None]] | None = None,
+    threshold: float | None = None,
+    rate_label: str = "request rate (req/s)",
+    title: str = "Normalized latency vs request rate",
+    at_least: Mapping[str, Sequence[str]] | None = None,
+    x_max: Mapping[str, float | None] | None = None,
+    paper_x_max: Mapping[str, float | None] | None = None,
+    paper_label: str = "end of the paper's axis",
+    formats: Sequence[str] = ("png", "svg"),
+    order: Sequence[str] = (),
+) -> list[Path]:
+    """Small multiples of :func:`plot_latency_vs_rate`: one panel per key of ``panels`` (a
+    grid value: samples, beam width, prefix), each with its own rate axis, one y axis, one
+    colour per system across panels and one legend outside (the vLLM paper's Fig. 14, 16).
+    The other arguments are as for :func:`plot_latency_vs_rate`, keyed by panel; ``order``
+    lists systems first, so that a system's colour is its place in it (as in a figure of all
+    of them)."""
+    sustainable, at_least = sustainable or {}, at_least or {}
+    x_max, paper_x_max = x_max or {}, paper_x_max or {}
+    systems = list(dict.fromkeys([*order, *(n for curves in panels.values() for n in curves)]))
+    colors = {name: i for i, name in enumerate(systems)}
+    top = max((_rate_top(c, threshold) for c in panels.values()), default=1.0)
+    n = len(panels)
+    cols = n if n <= 3 else 2 if n == 4 else 3
+    rows = -(-n // cols)
+    unit = " req/s" if "req/s" in rate_label else ""
+    with plt.rc_context(STYLE):
+        fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols + 1.8, 3.0 * rows + 0.6),
+                                 sharey=True, squeeze=False)
+        for ax, (panel, curves) in zip(axes.flat, panels.items()):
+            _draw_rate_axes(ax, curves, colors, sustainable.get(panel, {}), threshold,
+                            at_least.get(panel, ()), unit, top, x_max.get(panel),
+                            paper_x_max.get(panel), paper_label)
+            ax.set_title(panel, fontsize=10)
+        for ax in axes.flat[n:]:
+            ax.set_visible(False)
+        for ax in axes[-1]:
+            ax.set_xlabel(rate_label)
+        for ax in axes[:, 0]:
+            ax.set_ylabel("normalized latency (s/token)")
+        handles: dict = {}
+        for ax in axes.flat[:n]:
+            for h, label in zip(*ax.get_legend_handles_labels()):
+                handles.setdefault(label, h)
+        labels = list(handles)
+        fig.legend([handles[k] for k in labels], labels, loc="upper left",
+                   bbox_to_anchor=(1.0, 0.93), title="system\n(dotted: sustainable rate)",
+                   title_fontsize=8, alignment="left")
+        fig.suptitle(title, fontweight="bold", fontsize=11)
+        fig.tight_layout()
         _save(fig, path, formats)
     return _paths(path, formats)
 

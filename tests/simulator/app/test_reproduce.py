@@ -27,7 +27,7 @@ README = Path(__file__).resolve().parents[3] / "README.md"
 
 @pytest.fixture(scope="module")
 def tiny_report(tmp_path_factory):
-    """Every experiment (the full run's too) at 40 requests a run: about 15 s."""
+    """Every experiment (the full run's too) at 40 requests a run: about 25 s."""
     out = tmp_path_factory.mktemp("tiny")
     results = run_experiments(out, quick=False, tiny=True, workers=1, progress=False,
                               log=lambda _: None)
