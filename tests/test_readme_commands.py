@@ -168,6 +168,9 @@ NOT_RUN: dict[str, str] = {
     "kvsim sweep FILE --executor ray --workers 2": "a form (FILE); a local Ray takes tens of seconds to start "
                                                    "(tests/simulator/app/sweep/test_ray.py)",
     "kvsim calibrate": "needs CUDA (the GPU benchmark)",
+    "kvsim sweep configs/vllm_paper/fig13_batched_requests.yaml --set cost_model.host=none":
+        "Fig. 13's sweep without host time at full size (10 runs of 1,000-4,000 requests); "
+        "tests/simulator/app/test_paper_host_time.py checks every paper sweep pays it",
     "python -m kvsim.gpu_validation.bench": "needs CUDA (what kvsim calibrate runs)",
     "bash gpu_validation/run_h200.sh": "needs CUDA (the prepared GPU run)",
     "kvsim calibrate --import DIR": "a form: DIR is a profile folder that is not shipped (its import is, as "
