@@ -72,9 +72,10 @@ class MemoryBudget:
 
 
 def block_bytes_per_gpu(model: ModelSpec, tp: int, block_size: int) -> int:
-    """Bytes of one KV block on one GPU: ``block_size`` tokens, K and V, every layer."""
-    per_token = 2 * model.num_layers * kv_heads_per_gpu(model, tp) * model.head_dim * model.dtype_bytes
-    return block_size * per_token
+    """Bytes of one KV block on one GPU: ``block_size`` tokens, K and V, every layer, in the KV
+    cache's dtype (``ModelSpec.kv_bytes_per_token_with`` this GPU's KV heads; an MLA latent is
+    whole on every GPU, as vLLM keeps it)."""
+    return block_size * model.kv_bytes_per_token_with(kv_heads_per_gpu(model, tp))
 
 
 def weight_bytes_per_gpu(model: ModelSpec, tp: int, group: ExpertGroup | None = None) -> int:
@@ -98,7 +99,7 @@ def weight_bytes_per_gpu(model: ModelSpec, tp: int, group: ExpertGroup | None = 
         layers -= model.moe.moe_layers(model.num_layers) * sum(gemms[2:])
         moe = moe_weight_bytes_per_gpu(model, group or ExpertGroup(tp))
     n, k = lm_head_gemm(model, tp)
-    vocab = (2 if model.gated_ffn else 1) * n * k  # Llama-family heads are untied; OPT ties them
+    vocab = (1 if model.tied_embeddings else 2) * n * k  # Llama-family heads are untied; OPT ties them
     norms = (2 * model.num_layers + 1) * model.hidden_size
     positions = model.max_seq_len * (model.head_dim if model.gated_ffn else model.hidden_size)
     return round((layers + vocab + norms + positions) * model.dtype_bytes + moe)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, get_args, get_origin
 
@@ -47,6 +48,22 @@ from kvsim.simulator.cost_model.interconnect import (
     check_ranks,
     explicit_link,
     interconnect,
+)
+from kvsim.simulator.cost_model.layers import (
+    KV_DTYPES,
+    ChunkedLocal,
+    FullAttention,
+    LatentAttention,
+    LayerKind,
+    LayerPatternError,
+    NoMixer,
+    RecurrentState,
+    SharedKV,
+    SlidingWindow,
+    expand,
+    gated_deltanet_state_bytes,
+    mamba2_state_bytes,
+    mamba_state_bytes,
 )
 from kvsim.simulator.cost_model.moe import ExpertGroup, MoESpec
 from kvsim.simulator.cost_model.roofline import (
@@ -104,6 +121,103 @@ class MoEShapeConfig(Strict):
                        self.shared_expert_intermediate_size, self.dense_layers, self.expert_bytes_per_param)
 
 
+#: each layer kind of ``model.shape.layers.pattern``: the keys it needs, and those it may take
+LAYER_KIND_KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "full_attention": ((), ()),
+    "sliding_window": (("window_tokens",), ()),  # sliding_window
+    "chunked_local": (("chunk_tokens",), ()),  # attention_chunk_size
+    "mla": (("latent_dim",), ()),  # kv_lora_rank + qk_rope_head_dim
+    "mamba": (("d_inner", "d_state", "d_conv"), ("conv_dtype_bytes", "ssm_dtype_bytes")),
+    "mamba2": (("num_heads", "head_dim", "d_state", "n_groups", "d_conv"), ("conv_dtype_bytes", "ssm_dtype_bytes")),
+    "gated_deltanet": (("num_key_heads", "num_value_heads", "key_head_dim", "value_head_dim", "d_conv"),
+                       ("conv_dtype_bytes", "ssm_dtype_bytes")),
+    "state": (("state_bytes",), ()),
+    "shared_kv": (("source_layer",), ()),
+    "mlp": ((), ()),
+}
+
+
+class LayerRunConfig(Strict):
+    """``count`` consecutive layers of one ``kind`` (``simulator.cost_model.layers``); each kind
+    reads only its own keys (``LAYER_KIND_KEYS``). Sizes are values (``latent_dim``, heads,
+    dims), tokens (``*_tokens``) or bytes (``*_bytes``); a state's dtypes default to 2 bytes
+    (bf16: vLLM's mamba cache dtype ``auto`` for a bf16 model)."""
+
+    kind: Literal["full_attention", "sliding_window", "chunked_local", "mla", "mamba", "mamba2", "gated_deltanet",
+                  "state", "shared_kv", "mlp"]
+    count: int = Field(1, ge=1, le=1024)
+    window_tokens: int | None = Field(None, ge=1, le=MAX_CONTEXT_TOKENS)
+    chunk_tokens: int | None = Field(None, ge=1, le=MAX_CONTEXT_TOKENS)
+    latent_dim: int | None = Field(None, ge=1, le=2**16)
+    state_bytes: int | None = Field(None, ge=1, le=2**40)
+    source_layer: int | None = Field(None, ge=0, le=1023)
+    d_inner: int | None = Field(None, ge=1, le=2**20)
+    d_state: int | None = Field(None, ge=1, le=2**16)
+    d_conv: int | None = Field(None, ge=1, le=64)
+    num_heads: int | None = Field(None, ge=1, le=4096)
+    head_dim: int | None = Field(None, ge=1, le=4096)
+    n_groups: int | None = Field(None, ge=1, le=4096)
+    num_key_heads: int | None = Field(None, ge=1, le=4096)
+    num_value_heads: int | None = Field(None, ge=1, le=4096)
+    key_head_dim: int | None = Field(None, ge=1, le=4096)
+    value_head_dim: int | None = Field(None, ge=1, le=4096)
+    conv_dtype_bytes: int | None = Field(None, ge=1, le=8)
+    ssm_dtype_bytes: int | None = Field(None, ge=1, le=8)
+
+    @model_validator(mode="after")
+    def _keys_of_its_kind(self) -> LayerRunConfig:
+        needs, may = LAYER_KIND_KEYS[self.kind]
+        missing = [k for k in needs if getattr(self, k) is None]
+        if missing:
+            raise ValueError(f"kind {self.kind} needs {', '.join(missing)}")
+        for key in type(self).model_fields:
+            if key in ("kind", "count") or key in needs or key in may or getattr(self, key) is None:
+                continue
+            readers = [k for k, (n, m) in LAYER_KIND_KEYS.items() if key in n or key in m]
+            raise ValueError(f"{key} is read by kind {' / '.join(readers)}, not {self.kind}: remove it")
+        return self
+
+    def kind_spec(self) -> LayerKind:
+        conv, ssm = self.conv_dtype_bytes or 2, self.ssm_dtype_bytes or 2
+        match self.kind:
+            case "full_attention":
+                return FullAttention()
+            case "sliding_window":
+                return SlidingWindow(self.window_tokens)
+            case "chunked_local":
+                return ChunkedLocal(self.chunk_tokens)
+            case "mla":
+                return LatentAttention(self.latent_dim)
+            case "mamba":
+                return RecurrentState(mamba_state_bytes(self.d_inner, self.d_state, self.d_conv, conv, ssm))
+            case "mamba2":
+                return RecurrentState(mamba2_state_bytes(self.num_heads, self.head_dim, self.d_state, self.n_groups,
+                                                         self.d_conv, conv, ssm))
+            case "gated_deltanet":
+                return RecurrentState(gated_deltanet_state_bytes(self.num_key_heads, self.num_value_heads,
+                                                                 self.key_head_dim, self.value_head_dim, self.d_conv,
+                                                                 conv, ssm))
+            case "state":
+                return RecurrentState(self.state_bytes)
+            case "shared_kv":
+                return SharedKV(self.source_layer)
+            case _:
+                return NoMixer()
+
+
+class LayersConfig(Strict):
+    """What each layer is: ``pattern``, runs of layers in order, repeated (``repeat``) and cut
+    at ``num_layers`` — Gemma 3's five local layers then one global is ``[{kind: sliding_window,
+    window_tokens: 1024, count: 5}, {kind: full_attention}]``; with ``repeat: false`` the runs
+    list every layer and must add up to ``num_layers``."""
+
+    pattern: list[LayerRunConfig] = Field(min_length=1, max_length=1024)
+    repeat: bool = True
+
+    def kinds(self, num_layers: int) -> tuple[LayerKind, ...]:
+        return expand([(run.kind_spec(), run.count) for run in self.pattern], num_layers, self.repeat)
+
+
 class ModelShapeConfig(Strict):
     """Any decoder-only transformer by its shape (its Hugging Face config's key in brackets)."""
 
@@ -120,6 +234,16 @@ class ModelShapeConfig(Strict):
     gated_ffn: bool = True  # SwiGLU (gate, up, down) vs a 2-matrix MLP
     dtype_bytes: int = Field(2, ge=1, le=8)
     moe: MoEShapeConfig | None = None  # mixture of experts; None: a dense MLP in every layer
+    layers: LayersConfig | None = None  # what each layer stores; None: every layer full attention
+
+    @model_validator(mode="after")
+    def _layers_fit(self) -> ModelShapeConfig:
+        if self.layers is not None:
+            try:
+                self.layers.kinds(self.num_layers)
+            except LayerPatternError as e:
+                raise ValueError(f"layers.pattern: {e}") from None
+        return self
 
     @model_validator(mode="after")
     def _dense_layers_fit(self) -> ModelShapeConfig:
@@ -144,7 +268,8 @@ class ModelShapeConfig(Strict):
         return ModelSpec(name, self.num_layers, self.hidden_size, self.num_heads,
                          self.num_kv_heads or self.num_heads, self.intermediate_size, self.vocab_size,
                          self.context_len_tokens, self.gated_ffn, self.dtype_bytes, self.head_dim,
-                         self.moe.spec() if self.moe is not None else None)
+                         self.moe.spec() if self.moe is not None else None,
+                         self.layers.kinds(self.num_layers) if self.layers is not None else ())
 
 
 class ModelConfig(Strict):
@@ -159,6 +284,14 @@ class ModelConfig(Strict):
     name: str = "llama-2-7b"
     context_len_tokens: int | None = Field(None, gt=0, le=MAX_CONTEXT_TOKENS,
                                            description="tokens; default: the model's context window")
+    #: How the KV cache stores a value: ``auto`` (the model's dtype), ``bf16``, ``fp16``, ``fp8``
+    #: (1 byte), ``int4`` (LMDeploy's per-head per-token 4-bit, with a scale and zero point:
+    #: ``layers.KV_DTYPES``). Named and valued as vLLM's engine argument ``--kv-cache-dtype``, and
+    #: kept here, under ``model``, because in kvsim the model section is what sizes a token's KV
+    #: (``ModelSpec``: capacity, swap bytes and the roofline's KV traffic all read it), whatever the
+    #: allocator; vLLM's own key sits beside the model on ``vllm serve`` too. It changes the KV cache
+    #: only: weights keep ``dtype_bytes``, and a Mamba or linear-attention state its own dtype.
+    kv_cache_dtype: Literal["auto", "bf16", "fp16", "fp8", "int4"] = "auto"
 
     @model_validator(mode="before")
     @classmethod
@@ -185,7 +318,10 @@ class ModelConfig(Strict):
 
     @property
     def spec(self) -> ModelSpec:
-        return self.shape.spec(self.name) if self.shape is not None else MODELS[self.name]
+        spec = self.shape.spec(self.name) if self.shape is not None else MODELS[self.name]
+        if self.kv_cache_dtype == "auto":
+            return spec
+        return replace(spec, kv_dtype=KV_DTYPES[self.kv_cache_dtype])
 
     @property
     def context_len(self) -> int:

@@ -9,6 +9,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvsim.simulator.cost_model.layers import (
+    ChunkedLocal,
+    FullAttention,
+    KVDtype,
+    LatentAttention,
+    LayerKind,
+    NoMixer,
+    RecurrentState,
+    SlidingWindow,
+    expand,
+    from_codes,
+    gated_deltanet_state_bytes,
+    mamba2_state_bytes,
+    mamba_state_bytes,
+    model_kv_dtype,
+    naive_bytes_per_token,
+    request_kv_bytes,
+)
 from kvsim.simulator.cost_model.moe import (
     FP8_BLOCK128_BYTES,
     MXFP4_BYTES,
@@ -119,15 +137,58 @@ class ModelSpec:
     explicit_head_dim: int | None = None
     #: mixture-of-experts layers (``simulator.cost_model.moe``); None: every layer a dense MLP
     moe: MoESpec | None = None
+    #: what each layer is (``simulator.cost_model.layers``), one kind a layer; (): every layer
+    #: full attention
+    layers: tuple[LayerKind, ...] = ()
+    #: how the KV cache stores a value (``layers.KV_DTYPES``); None: the model's dtype (vLLM's
+    #: ``kv_cache_dtype: auto``)
+    kv_dtype: KVDtype | None = None
+    #: the LM head is the token embedding (one matrix); None: tied when the MLP is not gated
+    #: (OPT), untied otherwise (Llama, Qwen, Mistral)
+    tie_word_embeddings: bool | None = None
 
     @property
     def head_dim(self) -> int:
         return self.explicit_head_dim or self.hidden_size // self.num_heads
 
     @property
+    def tied_embeddings(self) -> bool:
+        return (not self.gated_ffn) if self.tie_word_embeddings is None else self.tie_word_embeddings
+
+    @property
+    def layer_kinds(self) -> tuple[LayerKind, ...]:
+        """One kind a layer: ``layers``, or full attention everywhere."""
+        return self.layers or (FullAttention(),) * self.num_layers
+
+    @property
+    def kv_cache_dtype(self) -> KVDtype:
+        """The KV cache's dtype: ``kv_dtype``, else the model's own (``dtype_bytes``)."""
+        return self.kv_dtype or model_kv_dtype(self.dtype_bytes)
+
+    def kv_bytes_per_token_with(self, kv_heads: int) -> int:
+        """Bytes per token the paged and contiguous allocators charge, with ``kv_heads`` KV heads
+        a layer (one GPU's share under tensor parallelism; an MLA latent is not split): every
+        layer counted as keeping every token, a window, chunked, state, shared or MLP-only layer
+        as a full-attention layer (``layers.naive_bytes_per_token``). Exact for models whose
+        every layer keeps every token (full attention, MLA) in any KV dtype; for hybrids the
+        over-count that :meth:`request_kv_bytes` measures, until the hybrid allocators."""
+        return naive_bytes_per_token(self.layer_kinds, kv_heads, self.head_dim, self.kv_cache_dtype)
+
+    @property
     def kv_bytes_per_token(self) -> int:
-        """Bytes of K and V one token occupies across all layers (all KV heads)."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+        """Bytes one token slot is charged across all layers (all KV heads), as above:
+        ``2 x layers x kv_heads x head_dim x 2`` for a bf16 full-attention model."""
+        return self.kv_bytes_per_token_with(self.num_kv_heads)
+
+    def request_kv_bytes(self, tokens: int) -> int:
+        """Bytes a request of ``tokens`` tokens holds, exactly, by layer kind (all KV heads):
+        ``layers.request_kv_bytes``."""
+        return request_kv_bytes(self.layer_kinds, tokens, self.num_kv_heads, self.head_dim, self.kv_cache_dtype)
+
+    def naive_request_kv_bytes(self, tokens: int) -> int:
+        """Bytes a request of ``tokens`` tokens is charged counting every layer as full attention
+        (``tokens x kv_bytes_per_token``): today's allocators, and other simulators."""
+        return tokens * self.kv_bytes_per_token
 
     @property
     def layer_params(self) -> int:
@@ -151,7 +212,7 @@ class ModelSpec:
         """All weights: layers (every expert of a MoE block) + token embedding + LM head
         (counted once when tied)."""
         embed = self.vocab_size * self.hidden_size
-        lm_head = 0 if not self.gated_ffn else embed  # OPT ties embeddings; Llama does not
+        lm_head = 0 if self.tied_embeddings else embed  # OPT ties embeddings; Llama does not
         moe = 0 if self.moe is None else self.moe.moe_layers(self.num_layers) * block_params(self)
         return self.dense_params + moe + embed + lm_head
 
@@ -188,9 +249,7 @@ MODELS = {
     # mistralai/Mistral-7B-v0.3 config (2024): GQA 8 KV heads, vocab 32,768, 32,768-token context.
     "mistral-7b": ModelSpec("Mistral-7B", 32, 4096, 32, 8, 14336, 32768, 32768, True),
     # --- mixture of experts (MoESpec: experts, active per token, expert size, shared size, dense
-    # layers first, bytes per expert weight). Sliding-window and latent (MLA) attention are not
-    # modelled yet: those models' attention is approximated as said per entry, until kvsim models
-    # layers by kind (DESIGN.md "Models by layer kind").
+    # layers first, bytes per expert weight); layers by kind where a model has them (layers.py).
     # Qwen/Qwen3-30B-A3B config.json (2025): 48 layers, hidden 2048, 32 heads, 4 KV heads of 128,
     # intermediate_size 6144 (no dense layer uses it: mlp_only_layers []), 128 experts, 8 per
     # token, moe_intermediate_size 768, no shared expert, vocab 151,936, untied, 40,960
@@ -215,27 +274,87 @@ MODELS = {
     # experts of intermediate_size 2880 (SwiGLU), 4 per token, vocab 201,088, untied, 131,072
     # positions; 24 layers and 32 experts (20b), 36 layers and 128 experts (120b). Expert weights
     # are MXFP4 (quantization_config; attention, router, embeddings bf16), so 4.25 bits each.
-    # 20.9B / 116.8B parameters (model card). APPROXIMATED: every other layer attends within a
-    # 128-token sliding window (layer_types); here every layer is full attention, so the KV cache
-    # is overcounted (up to 2x at long contexts) until sliding-window layers are modelled.
-    # Attention biases and sinks are ignored.
+    # 20.9B / 116.8B parameters (model card). layer_types: "sliding_attention", "full_attention"
+    # alternating from layer 0, sliding_window 128. Attention biases and sinks are ignored.
     "gpt-oss-20b": ModelSpec("gpt-oss-20b", 24, 2880, 64, 8, 2880, 201088, 131072, True,
-                             explicit_head_dim=64, moe=MoESpec(32, 4, 2880, expert_bytes_per_param=MXFP4_BYTES)),
+                             explicit_head_dim=64, moe=MoESpec(32, 4, 2880, expert_bytes_per_param=MXFP4_BYTES),
+                             layers=expand(((SlidingWindow(128), 1), (FullAttention(), 1)), 24)),
     "gpt-oss-120b": ModelSpec("gpt-oss-120b", 36, 2880, 64, 8, 2880, 201088, 131072, True,
-                              explicit_head_dim=64, moe=MoESpec(128, 4, 2880, expert_bytes_per_param=MXFP4_BYTES)),
+                              explicit_head_dim=64, moe=MoESpec(128, 4, 2880, expert_bytes_per_param=MXFP4_BYTES),
+                              layers=expand(((SlidingWindow(128), 1), (FullAttention(), 1)), 36)),
     # deepseek-ai/DeepSeek-V3 config.json (2024): 61 layers, hidden 7168, 128 heads, intermediate
     # 18432 in the first 3 layers (first_k_dense_replace), then 256 routed experts, 8 per token, of
     # moe_intermediate_size 2048, plus 1 shared expert of 2048; vocab 129,280, untied, 163,840
     # positions; weights FP8 E4M3 in 128x128 blocks (quantization_config). 671B parameters, 37B
     # active (model card; the 14B multi-token-prediction module is not served here).
-    # APPROXIMATED: multi-head latent attention caches one latent of kv_lora_rank 512 + rope 64 =
-    # 576 values per token per layer; here one KV head of 288 (K and V halves: the same 576 values,
-    # bf16, replicated on every tensor-parallel GPU as vLLM does for MLA), and 48 query heads of 288
-    # so that the attention weights, 202M per layer, are near MLA's low-rank projections (187M);
-    # attention FLOPs are approximate. Non-expert weights are counted at bf16 (FP8 in the checkpoint:
-    # about 16 GB, 2%, overcounted over the whole model) until weights get a dtype of their own.
+    # Multi-head latent attention in every layer: one latent of kv_lora_rank 512 + qk_rope_head_dim
+    # 64 = 576 values per token per layer (layers), whole on every tensor-parallel GPU as vLLM keeps
+    # it. The attention WEIGHTS are APPROXIMATED: 48 query heads and one KV head of 288, so that
+    # they, 202M per layer, are near MLA's low-rank projections (187M); attention FLOPs are
+    # approximate. Non-expert weights are counted at bf16 (FP8 in the checkpoint: about 16 GB, 2%,
+    # overcounted over the whole model) until weights get a dtype of their own.
     "deepseek-v3": ModelSpec("DeepSeek-V3", 61, 7168, 48, 1, 18432, 129280, 163840, True,
                              explicit_head_dim=288,
                              moe=MoESpec(256, 8, 2048, shared_ffn_size=2048, dense_layers=3,
-                                         expert_bytes_per_param=FP8_BLOCK128_BYTES)),
+                                         expert_bytes_per_param=FP8_BLOCK128_BYTES),
+                             layers=expand(((LatentAttention(512 + 64), 1),), 61)),
+    # --- hybrid models (README "Hybrid models: what each layer stores"). Their Mamba and linear-
+    # attention layers' WEIGHTS are APPROXIMATED as attention projections of the model's heads
+    # (layer_params); their state is exact (layers.py).
+    # google/gemma-3-12b-it and -27b-it config.json text_config (2025; read from a text-only copy,
+    # OpenPipe/gemma-3-12b-it-text-only, for 12B): 12B: 48 layers, hidden 3840, 16 heads, 8 KV
+    # heads, head_dim 256, intermediate 15360; 27B: 62 layers, hidden 5376, 32 heads, 16 KV heads,
+    # head_dim 128, intermediate 21504; both vocab 262,208, 131,072 positions, GeGLU (gated),
+    # sliding_window 1024, sliding_window_pattern 6 (layer i global when (i + 1) % 6 == 0: five
+    # local layers, then one global, repeated), embeddings tied (Gemma3TextConfig's default).
+    "gemma-3-12b": ModelSpec("Gemma-3-12B", 48, 3840, 16, 8, 15360, 262208, 131072, True, explicit_head_dim=256,
+                             layers=expand(((SlidingWindow(1024), 5), (FullAttention(), 1)), 48),
+                             tie_word_embeddings=True),
+    "gemma-3-27b": ModelSpec("Gemma-3-27B", 62, 5376, 32, 16, 21504, 262208, 131072, True, explicit_head_dim=128,
+                             layers=expand(((SlidingWindow(1024), 5), (FullAttention(), 1)), 62),
+                             tie_word_embeddings=True),
+    # meta-llama/Llama-4-Scout-17B-16E config.json text_config (2025): 48 layers, hidden 5120, 40
+    # heads, 8 KV heads of 128, 16 local experts of intermediate_size 8192, 1 per token, and a
+    # shared expert of the same size (Llama 4's MoE block), interleave_moe_layer_step 1 (every
+    # layer MoE; intermediate_size_mlp 16384 unused), vocab 202,048, untied, 10,485,760 positions.
+    # attention_chunk_size 8192 with no_rope_layer_interval 4: every 4th layer (3, 7, ...) is a
+    # global NoPE layer (full attention), the other three attend within 8,192-token chunks.
+    "llama-4-scout": ModelSpec("Llama-4-Scout-17B-16E", 48, 5120, 40, 8, 16384, 202048, 10485760, True,
+                               explicit_head_dim=128, moe=MoESpec(16, 1, 8192, shared_ffn_size=8192),
+                               layers=expand(((ChunkedLocal(8192), 3), (FullAttention(), 1)), 48)),
+    # Qwen/Qwen3-Next-80B-A3B-Instruct config.json (2025): 48 layers, hidden 2048, 16 heads, 2 KV
+    # heads, head_dim 256, 512 experts, 10 per token, moe_intermediate_size 512, shared expert 512,
+    # decoder_sparse_step 1 (every layer MoE; intermediate_size 5120 unused), vocab 151,936, untied,
+    # 262,144 positions. full_attention_interval 4: layers 3, 7, ... gated full attention, the
+    # others Gated DeltaNet with linear_num_key_heads 16, linear_num_value_heads 32, key and value
+    # head dims 128, linear_conv_kernel_dim 4. State in bf16 (vLLM's mamba cache dtype "auto": the
+    # model's dtype): 24,576 conv + 524,288 recurrent values = 1,097,728 bytes a layer.
+    "qwen3-next-80b-a3b": ModelSpec("Qwen3-Next-80B-A3B", 48, 2048, 16, 2, 5120, 151936, 262144, True,
+                                    explicit_head_dim=256, moe=MoESpec(512, 10, 512, shared_ffn_size=512),
+                                    layers=expand(((RecurrentState(gated_deltanet_state_bytes(16, 32, 128, 128, 4)), 3),
+                                                   (FullAttention(), 1)), 48)),
+    # Nemotron-H-8B (nvidia/Nemotron-H-8B-Base-8K), the Nemotron-H shape whose Mamba dimensions are
+    # published where we could read them (NVIDIA Megatron-Bridge docs, "Nemotron H and Nemotron Nano
+    # v2", Nemotron H 8B: 52 layers, hybrid pattern M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-
+    # (M Mamba-2, * attention, - MLP), hidden 4096, FFN 21504, 32 query heads, 8 KV groups, KV
+    # channels 128, Mamba heads 128 of 64, state 128; mamba_num_groups 8 (its provider page); conv
+    # kernel 4, vocab 131,072, untied (NemotronHConfig defaults), 8,192 tokens). The 47B's Mamba
+    # dimensions were not found in a source we could read, so it is not in the catalogue. The MLP
+    # is squared-ReLU (2 matrices). State in bf16 (vLLM's "auto").
+    "nemotron-h-8b": ModelSpec("Nemotron-H-8B", 52, 4096, 32, 8, 21504, 131072, 8192, False,
+                               tie_word_embeddings=False,
+                               layers=from_codes("M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-",
+                                                 {"M": RecurrentState(mamba2_state_bytes(128, 64, 128, 8, 4)),
+                                                  "*": FullAttention(), "-": NoMixer()})),
+    # ai21labs/AI21-Jamba-1.5-Mini (Jamba-1.5 paper, arXiv 2408.12570: the Jamba architecture,
+    # 12B active / 52B total, 256K context), with the Jamba config.json fields (ai21labs/Jamba-v0.1:
+    # 32 layers, hidden 4096, 32 heads, 8 KV heads, attn_layer_period 8, attn_layer_offset 4,
+    # expert_layer_period 2 and offset 1, 16 experts, 2 per token, intermediate 14336, Mamba
+    # mamba_expand 2 (d_inner 8192), mamba_d_state 16, mamba_d_conv 4, vocab 65,536, untied),
+    # 262,144 positions. Mamba (1) state in bf16 (vLLM's "auto"). MoE in every other layer is
+    # not a MoESpec form ("the first k layers dense"), so the MoE is left out: weights undercounted.
+    "jamba-1.5-mini": ModelSpec("Jamba-1.5-Mini", 32, 4096, 32, 8, 14336, 65536, 262144, True,
+                                layers=expand(((RecurrentState(mamba_state_bytes(8192, 16, 4)), 4),
+                                               (FullAttention(), 1),
+                                               (RecurrentState(mamba_state_bytes(8192, 16, 4)), 3)), 32)),
 }

@@ -7,6 +7,14 @@ memory_efficiency))`` seconds (Williams et al., "Roofline", CACM 2009). The part
 - prefill attention: ``4 * d_q * layers`` FLOPs per causal query-key pair (QK^T and PV);
 - decode attention: reads every context token's K and V once; a paged kernel pays a
   block-size-dependent overhead for its indirection (``paged_overhead``);
+- by layer kind (``layers.py``; :func:`attention_groups`): a full-attention or MLA layer reads
+  every context token (MLA: its latent), a sliding-window layer of ``W`` tokens at most ``W``
+  per sequence, a chunked layer of ``C`` at most ``C``, a state layer (Mamba, linear
+  attention) reads and writes its state once per sequence per step, a shared or MLP-only
+  layer reads no KV. The batch gives sums, not each sequence's context, so a window layer is
+  charged ``min(context, sequences x W)`` tokens (prefill: ``min(pairs, tokens x W)``
+  query-key pairs): exact when every sequence is past the window, or none is; an upper bound
+  otherwise. A state layer's own FLOPs are not counted;
 - tensor-parallel all-reduce: two per layer over the GPUs' link (``hardware.interconnect``,
   measured NCCL bus bandwidths: ``interconnect.py``; ring: ``2 (tp-1)/tp`` of the bytes), the
   step's communication part (``StepParts.communication_s``);
@@ -22,12 +30,21 @@ in parallel: per-GPU work is divided by ``tp``.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 from kvsim.simulator.cost_model.base import BatchShape, CostModel, resolve_link
 from kvsim.simulator.cost_model.catalogue import PCIE, GPUSpec, ModelSpec
 from kvsim.simulator.cost_model.host_time import NO_HOST, HostTime
 from kvsim.simulator.cost_model.interconnect import LinkSpec, tp_all_reduce_coefficients
+from kvsim.simulator.cost_model.layers import (
+    ChunkedLocal,
+    FullAttention,
+    LatentAttention,
+    RecurrentState,
+    SlidingWindow,
+    layer_token_bytes,
+)
 from kvsim.simulator.cost_model.moe import ExpertGroup, MoeRoofline, moe_weight_bytes
 
 
@@ -120,6 +137,38 @@ def allreduce_coefficients(model: ModelSpec, link: LinkSpec | None, tensor_paral
     return tp_all_reduce_coefficients(model.num_layers, model.hidden_size * model.dtype_bytes, link, tensor_parallel)
 
 
+@dataclass(frozen=True)
+class AttentionGroups:
+    """A model's layers as the roofline reads them (per GPU of ``tp``, whole model)."""
+
+    context_layers: int  # full attention and MLA: read every context token
+    context_bytes: int  # bytes of one context token in those layers
+    #: (span tokens, layers, bytes of one token in them): window layers by window, chunked by chunk
+    spans: tuple[tuple[int, int, int], ...]
+    state_bytes: int  # state of one sequence, all state layers
+
+
+def attention_groups(model: ModelSpec) -> AttentionGroups:
+    """Group a model's layers by what their attention reads (all KV heads; bytes in the KV
+    cache's dtype). A model of full-attention layers is one group of ``num_layers`` layers
+    of ``kv_bytes_per_token`` bytes a token, as before layers had kinds."""
+    dtype, kv, hd = model.kv_cache_dtype, model.num_kv_heads, model.head_dim
+    ctx_layers = ctx_bytes = state = 0
+    spans: dict[int, list[int]] = {}
+    for kind in model.layer_kinds:
+        if isinstance(kind, FullAttention | LatentAttention):
+            ctx_layers += 1
+            ctx_bytes += layer_token_bytes(kind, kv, hd, dtype)
+        elif isinstance(kind, SlidingWindow | ChunkedLocal):
+            span = kind.window if isinstance(kind, SlidingWindow) else kind.chunk
+            n_b = spans.setdefault(span, [0, 0])
+            n_b[0] += 1
+            n_b[1] += layer_token_bytes(kind, kv, hd, dtype)
+        elif isinstance(kind, RecurrentState):
+            state += kind.state_bytes
+    return AttentionGroups(ctx_layers, ctx_bytes, tuple((w, n, b) for w, (n, b) in sorted(spans.items())), state)
+
+
 def paged_kernel_factor(block_size: int, params: RooflineParams) -> float:
     """Decode-attention time multiplier of a paged kernel over a contiguous one."""
     return 1.0 + params.paged_overhead_base + params.paged_overhead_per_block / block_size
@@ -160,13 +209,20 @@ class RooflineCostModel(CostModel):
         self._linear_flops_per_token = 2 * m.dense_params / tp
         self._lm_head_flops_per_seq = 2 * lm_head / tp if p.lm_head else 0.0
         self._flops = flops
+        # Attention by layer kind (attention_groups): layers reading the whole context, layers
+        # reading at most a window or chunk of it, state layers.
+        g = self.groups = attention_groups(m)
         # Prefill attention: compute-bound, per causal query-key pair.
-        self._prefill_pair_s = 4 * d_q * m.num_layers / tp / flops
+        self._prefill_pair_s = 4 * d_q * g.context_layers / tp / flops
         # Decode attention: per context token read, the slower of its bytes and its FLOPs.
         factor = paged_kernel_factor(block_size, p) if kernel == "paged" else 1.0
-        per_token_bytes_s = m.kv_bytes_per_token / tp / bw
-        per_token_flops_s = 4 * d_q * m.num_layers / tp / flops
+        per_token_bytes_s = g.context_bytes / tp / bw
+        per_token_flops_s = 4 * d_q * g.context_layers / tp / flops
         self._decode_token_s = factor * max(per_token_bytes_s, per_token_flops_s)
+        #: (span tokens, decode s per token read, prefill s per pair) of window and chunked layers
+        self._spans = tuple((span, factor * max(b / tp / bw, 4 * d_q * n / tp / flops), 4 * d_q * n / tp / flops)
+                            for span, n, b in g.spans)
+        self._state_seq_s = 2 * g.state_bytes / tp / bw  # each sequence's states read and written
         self.gpu_link = resolve_link(gpu, interconnect)
         self.host = host
         self._host_step_s, self._host_seq_s = host.per_step_s, host.per_seq_s  # (inlined in step_time)
@@ -189,8 +245,22 @@ class RooflineCostModel(CostModel):
         t = self.linear_time(tokens, sampled)
         t += self._prefill_pair_s * shape.prefill_attn_pairs
         t += self._decode_token_s * shape.decode_context
+        if self._spans or self._state_seq_s:
+            t += self.bounded_attention_time(shape)
         t += self.communication_time(tokens)
         return t + self.params.step_overhead_s + (self._host_step_s + self._host_seq_s * sampled)
+
+    def bounded_attention_time(self, shape: BatchShape) -> float:
+        """Seconds of the window, chunked and state layers' attention in a step (0 for a model
+        without them): each window or chunk layer reads ``min(context, sequences x span)``
+        tokens and computes ``min(pairs, prefill tokens x span)`` pairs; each state layer
+        reads and writes every sequence's state once."""
+        n, context = shape.decode_seqs, shape.decode_context
+        pairs, tokens = shape.prefill_attn_pairs, shape.prefill_tokens
+        t = self._state_seq_s * (shape.prefill_seqs + n)
+        for span, decode_s, pair_s in self._spans:
+            t += decode_s * min(context, n * span) + pair_s * min(pairs, tokens * span)
+        return t
 
     def communication_time(self, tokens: int) -> float:
         """The step's tensor-parallel all-reduces and MoE dispatch/combine collectives (0 on one
@@ -206,13 +276,32 @@ class RooflineCostModel(CostModel):
 
 
     def decode_coefficients(self, num_seqs: int) -> tuple[float, float]:
+        """``(a, b)`` of a decode-only step; for a model with window or chunked layers, those
+        of its first segment (every context within the spans: ``decode_segment``)."""
+        a, b, _ = self.decode_segment(num_seqs, 0)
+        return a, b
+
+    def decode_segment(self, num_seqs: int, context: int) -> tuple[float, float, int]:
+        """Affine forever for a model whose layers all read the whole context; a window or
+        chunked layer's read, ``min(context, num_seqs x span)``, is affine on each side of
+        ``num_seqs x span``: the segment ends where the context reaches the next edge."""
         a = (
             self.linear_time(num_seqs, num_seqs)
             + self.communication_time(num_seqs)
             + self.params.step_overhead_s
             + self.host.seconds(num_seqs)
         )
-        return a, self._decode_token_s
+        b, steps = self._decode_token_s, sys.maxsize
+        if self._state_seq_s:
+            a += self._state_seq_s * num_seqs
+        for span, decode_s, _ in self._spans:
+            edge = num_seqs * span
+            if context < edge:  # below the edge: linear in the context until it reaches it
+                b += decode_s
+                steps = min(steps, (edge - context - 1) // num_seqs + 1)
+            else:
+                a += decode_s * edge
+        return a, b, steps
 
     def swap_time(self, num_blocks: int, num_slots: int | None = None) -> float:
         """Per block, per layer, K and V separately (as engines store them), unless batched."""
