@@ -679,7 +679,11 @@ class _SchedulerLimits(Variant):
     max_num_seqs: int = Field(256, ge=1, le=MAX_STEP_TOKENS)
     max_num_batched_tokens: int | None = Field(None, ge=1, le=MAX_STEP_TOKENS, description="tokens per step; default: vllm-v0 "
                                                "max(2048, context_len_tokens), vllm-v1 2048, sglang 16384")
-    router: Literal["round_robin", "least_outstanding_tokens"] = "round_robin"
+    #: which replica gets a request: round robin, or the least loaded by outstanding tokens,
+    #: outstanding requests (llm-d's queue-depth scorer) or the share of KV cache allocated
+    #: (llm-d's KV-cache utilization scorer; llm-d EPP "Request Scheduler" docs)
+    router: Literal["round_robin", "least_outstanding_tokens", "least_outstanding_requests",
+                    "least_kv_usage"] = "round_robin"
 
     OWN_KEYS: ClassVar[tuple[str, ...]] = ()
     """The keys only this policy reads; its settings beyond the shared limits."""

@@ -72,26 +72,46 @@ class Replica:
     fast: FastPath = field(init=False, repr=False)  # run planning and the step rows
     _wake: simpy.Event | None = field(default=None, repr=False)
     outstanding_tokens: int = 0  # prompt + output tokens of requests not yet ended
+    outstanding_requests: int = 0  # requests routed here and not yet ended
 
     def wake(self) -> None:
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
 
 
+def kv_usage(replica: Replica) -> float:
+    """The share of the replica's KV cache allocated now (a prefix cache's unreferenced
+    blocks count as free, as in vLLM's ``kv_cache_usage``)."""
+    u = replica.scheduler.alloc.usage()
+    return (u.capacity - u.free) / u.capacity
+
+
+#: ``scheduler.router``'s load measures: the replica with the least load gets the request
+#: (ties: the lowest index). DESIGN.md "Engine and scheduler".
+LOADS: dict[str, Callable[[Replica], float]] = {
+    "least_outstanding_tokens": lambda r: r.outstanding_tokens,
+    "least_outstanding_requests": lambda r: r.outstanding_requests,
+    "least_kv_usage": kv_usage,
+}
+
+
 class Router:
-    """Assigns each arriving request to a replica."""
+    """Assigns each arriving request to a replica: round robin, or the least loaded by one
+    of ``LOADS``."""
 
     def __init__(self, replicas: list[Replica], policy: str = "round_robin"):
-        if policy not in ("round_robin", "least_outstanding_tokens"):
-            raise ValueError(f"router policy must be round_robin or least_outstanding_tokens, got {policy!r}")
+        if policy != "round_robin" and policy not in LOADS:
+            raise ValueError(f"router policy must be one of round_robin, {', '.join(LOADS)}; got {policy!r}")
         self.replicas, self.policy, self._next = replicas, policy, 0
+        self._load = LOADS.get(policy)
 
     def pick(self, request: Request) -> Replica:
-        if self.policy == "round_robin":
+        if self._load is None:
             r = self.replicas[self._next % len(self.replicas)]
             self._next += 1
             return r
-        return min(self.replicas, key=lambda r: (r.outstanding_tokens, r.index))
+        load = self._load
+        return min(self.replicas, key=lambda r: (load(r), r.index))
 
 
 class Simulation:
@@ -170,7 +190,9 @@ class Simulation:
     def _on_terminal(self, replica: int) -> Callable[[SequenceGroup], None]:
         def record(g: SequenceGroup) -> None:
             self.request_rows.append(request_row(g, replica))
-            self.replicas[replica].outstanding_tokens -= g.request.prompt_tokens + g.request.output_tokens
+            r = self.replicas[replica]
+            r.outstanding_tokens -= g.request.prompt_tokens + g.request.output_tokens
+            r.outstanding_requests -= 1
         return record
 
     # --- processes ------------------------------------------------------------------
@@ -183,6 +205,7 @@ class Simulation:
                 yield env.timeout(delay)
             replica = self.router.pick(request)
             replica.outstanding_tokens += request.prompt_tokens + request.output_tokens
+            replica.outstanding_requests += 1
             replica.scheduler.add(request, env.now)
             replica.wake()
         self.arrivals_done = True

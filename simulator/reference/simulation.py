@@ -250,12 +250,24 @@ class ReferenceSimulation:
         self.next_replica = 0
 
     def pick(self, request: Request) -> ReferenceReplica:
-        """The router: round robin, or the replica with the fewest outstanding tokens."""
-        if self.cfg.scheduler.router == "round_robin":
+        """The router: round robin, or the replica with the least load (the fewest outstanding
+        tokens or requests, or the smallest share of its KV cache allocated), ties to the
+        lowest index."""
+        router = self.cfg.scheduler.router
+        if router == "round_robin":
             replica = self.replicas[self.next_replica % len(self.replicas)]
             self.next_replica += 1
             return replica
-        return min(self.replicas, key=lambda r: (r.outstanding_tokens, r.index))
+
+        def load(r: ReferenceReplica) -> float:
+            if router == "least_outstanding_tokens":
+                return r.outstanding_tokens
+            if router == "least_outstanding_requests":
+                return r.outstanding_requests
+            m = r.alloc.memory()  # least_kv_usage
+            return (r.alloc.capacity - m.free) / r.alloc.capacity
+
+        return min(self.replicas, key=lambda r: (load(r), r.index))
 
     def arrivals(self):
         env = self.env
@@ -264,6 +276,7 @@ class ReferenceSimulation:
                 yield env.timeout(request.arrival_time - env.now)
             replica = self.pick(request)
             replica.outstanding_tokens += request.prompt_tokens + request.output_tokens
+            replica.outstanding_requests += 1
             replica.add(request, env.now)
             self.wake(replica)
         self.arrivals_done = True
@@ -351,6 +364,7 @@ class ReferenceSimulation:
     def record_end(self, g: Group, replica: int) -> None:
         r = g.request
         self.replicas[replica].outstanding_tokens -= r.prompt_tokens + r.output_tokens
+        self.replicas[replica].outstanding_requests -= 1
         self.ended.append(
             (
                 r.request_id,

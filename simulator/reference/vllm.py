@@ -254,6 +254,7 @@ class ReferenceReplica:
         self.next_seq = 0
         self.now = 0.0
         self.outstanding_tokens = 0  # prompt + output tokens of requests not yet ended
+        self.outstanding_requests = 0  # requests routed here and not yet ended
         self.wake_event: simpy.Event | None = None
         self.itl: list[tuple[float, int]] = []  # (gap between a sequence's tokens, s; sequences)
         self.tiers: ReferenceTiers | None = None  # allocator.tiers
