@@ -60,15 +60,18 @@ class MemoryUsage:
     capacity: int
     token_states: int  # slots holding KV of computed tokens (a shared block counts once)
     reserved: int  # allocated slots that their own sequence's future tokens will fill
-    internal_frag: int  # allocated slots that will never be filled
+    internal_frag: int  # slots a sequence asked for (its reservation) that will never be filled
     free: int  # unallocated slots (a prefix cache's unreferenced blocks count as free)
     #: slots the sequences would hold if nothing were shared (for the sharing saving)
     unshared: int = 0
+    #: slots the allocator holds beyond what a sequence asked for (a buddy allocator's rounding
+    #: up to a power of two): waste of the allocator, not of the reservation policy
+    allocator_frag: int = 0
 
     def check(self) -> None:
-        total = self.token_states + self.reserved + self.internal_frag + self.free
+        total = self.token_states + self.reserved + self.internal_frag + self.allocator_frag + self.free
         assert total == self.capacity, f"memory classes sum to {total}, capacity {self.capacity}"
-        assert min(self.token_states, self.reserved, self.internal_frag, self.free) >= 0
+        assert min(self.token_states, self.reserved, self.internal_frag, self.allocator_frag, self.free) >= 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,7 +35,7 @@ def _execute(name: str, out: Path, monkeypatch) -> str:
 
 def test_quickstart_runs_and_draws_the_memory_timeline(tmp_path, monkeypatch):
     text = _execute("01_quickstart.ipynb", tmp_path, monkeypatch)
-    assert "the six classes add up to 100.0% of the cache" in text
+    assert "the seven classes add up to 100.0% of the cache" in text
     assert (tmp_path / "quickstart_timeline.png").read_bytes().startswith(b"\x89PNG")
     assert "block size (tokens)" in text
 

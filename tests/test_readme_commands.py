@@ -137,6 +137,7 @@ RUN: dict[str, Shrink] = {
     "kvsim reproduce vllm-paper --quick": Shrink(("--dry-run",)),
     "kvsim reproduce vllm-paper": Shrink(("--dry-run",)),
     "kvsim reproduce vllm-paper --only fig2,fig13": Shrink((*ONE_WORKER, "--no-progress"), tiny=True),
+    "kvsim reproduce vllm-paper --only fig2": Shrink((*ONE_WORKER, "--no-progress"), tiny=True),
     "kvsim reproduce vllm-paper --quick --dry-run": Shrink(),
     "kvsim calibrate --import gpu_validation/profiles/a100-llama-3-8b.vidur/data/profiling/compute/a100/meta-llama/"
     "Meta-Llama-3-8B": Shrink(),

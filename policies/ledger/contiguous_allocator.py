@@ -8,11 +8,14 @@ filled its region. Nothing is shared: each sample or beam of a group gets its
 own region holding its own copy of the prompt, and ``fork`` copies.
 
 Memory classes (all in slots, summing to ``capacity``), per live region of
-``region`` slots holding ``kv_len`` tokens of a sequence that will end at
-``final_len`` tokens, with ``target = max(kv_len, min(final_len, region))``:
-``token_states = kv_len``, ``reserved = target - kv_len`` (future tokens of its
-own), ``internal_frag = region - target`` (over-reservation, including buddy
-rounding); ``free`` is the space's free slots. ``target`` rises with
+``region`` slots asked for as ``reserve`` slots, holding ``kv_len`` tokens of a
+sequence that will end at ``final_len`` tokens, with ``target = max(kv_len,
+min(final_len, region))`` and ``asked = max(reserve, target)``: ``token_states =
+kv_len``, ``reserved = target - kv_len`` (future tokens of its own),
+``internal_frag = asked - target`` (the reservation policy's over-reservation),
+``allocator_frag = region - asked`` (a buddy allocator's rounding up to a power of
+two, which the vLLM paper counts as external fragmentation "from the memory
+allocator like the buddy allocator", section 3); ``free`` is the space's free slots. ``target`` rises with
 ``kv_len`` only if a sequence outgrows the ``final_len`` it was admitted with.
 Running totals keep ``usage()`` and ``try_append`` O(1).
 
@@ -130,6 +133,7 @@ class ContiguousAllocator(KVAllocator):
         self._clock = 0  # lockstep appends made so far (kv_len = base + clock on the GPU)
         self._token_states = 0  # sum of kv_len over running sequences
         self._target_sum = 0  # sum of target over running sequences
+        self._asked_sum = 0  # sum of max(reserve, target) over running sequences
 
     @classmethod
     def from_preset(
@@ -177,6 +181,7 @@ class ContiguousAllocator(KVAllocator):
         self._reserve[seq_id] = reserve
         self._token_states += kv_len
         self._target_sum += target
+        self._asked_sum += max(reserve, target)
 
     def _release(self, seq_id: int) -> tuple[int, int, int]:
         """Free a running sequence's region; return its (kv_len, final_len, reservation)."""
@@ -184,8 +189,10 @@ class ContiguousAllocator(KVAllocator):
         del self._limit[seq_id], self._room_to_target[seq_id]
         kv_len = self._base.pop(seq_id) + self._clock
         self._token_states -= kv_len
-        self._target_sum -= self._target.pop(seq_id)
-        return kv_len, self._final.pop(seq_id), self._reserve.pop(seq_id)
+        target, reserve = self._target.pop(seq_id), self._reserve.pop(seq_id)
+        self._target_sum -= target
+        self._asked_sum -= max(reserve, target)
+        return kv_len, self._final.pop(seq_id), reserve
 
     def _require_new(self, seq_ids: Sequence[int]) -> None:
         if len(set(seq_ids)) != len(seq_ids):
@@ -256,6 +263,8 @@ class ContiguousAllocator(KVAllocator):
             base[s] = b
             n = b + clock
             if n > target[s]:  # grew past its final_len: the slot is a token, not a reservation
+                if n > self._reserve[s]:  # ... and past what it asked for (into the rounding)
+                    self._asked_sum += n - max(target[s], self._reserve[s])
                 target[s] = n
                 self._target_sum += 1
             to_target[s] = target[s] - b
@@ -315,6 +324,7 @@ class ContiguousAllocator(KVAllocator):
             internal_frag=u.internal_frag * total,
             free=u.free * total,
             unshared=(self.capacity - u.free) * total,  # allocated: nothing is shared
+            allocator_frag=u.allocator_frag * total,
         )
 
     def fork(self, parent: int, child: int, child_final_len: int) -> None:
@@ -426,8 +436,9 @@ class ContiguousAllocator(KVAllocator):
             capacity=self.capacity,
             token_states=self._token_states,
             reserved=self._target_sum - self._token_states,
-            internal_frag=self.capacity - free - self._target_sum,
+            internal_frag=self._asked_sum - self._target_sum,
             free=free,
+            allocator_frag=self.capacity - free - self._asked_sum,
         )
 
     def free_slots(self) -> int:
@@ -455,6 +466,8 @@ class ContiguousAllocator(KVAllocator):
         want_tokens = sum(self._base.values()) + len(self._base) * clock
         assert self._token_states == want_tokens, "token_states total drifted"
         assert self._target_sum == sum(self._target.values()), "target total drifted"
+        assert self._asked_sum == sum(max(self._reserve[s], t) for s, t in self._target.items()), \
+            "asked total drifted"
         assert not running & set(self._swapped), "a sequence is both running and swapped"
         assert self._cpu_used == sum(v[0] for v in self._swapped.values()), "swap total drifted"
         assert self._cpu_used <= self.swap_capacity_slots, "swap space overcommitted"

@@ -17,10 +17,12 @@ the lowest-addressed free block of the smallest sufficient order and merging a f
 with its free buddy; ``buddy_exact`` hands the rounded tail back at once; ``first_fit``
 and ``best_fit`` carve exact regions from the lowest-addressed / smallest hole that fits.
 
-Memory classes of a region of ``region`` slots holding ``kv`` tokens of a sequence that
-ends at ``final`` tokens, with ``target = max(kv, min(final, region))``: ``token_states =
-kv``, ``reserved = target - kv``, ``internal_frag = region - target``; ``free`` is every
-slot in no region. Nothing is shared: each sample or beam holds its own copy of the prompt.
+Memory classes of a region of ``region`` slots, asked for as ``reserve`` slots, holding
+``kv`` tokens of a sequence that ends at ``final`` tokens, with ``target = max(kv, min(final,
+region))`` and ``asked = max(reserve, target)``: ``token_states = kv``, ``reserved = target -
+kv``, ``internal_frag = asked - target`` (the reservation policy's waste), ``allocator_frag =
+region - asked`` (the buddy's rounding: the paper's "external fragmentation from the memory
+allocator like the buddy allocator", section 3); ``free`` is every slot in no region. Nothing is shared: each sample or beam holds its own copy of the prompt.
 """
 
 from __future__ import annotations
@@ -287,15 +289,17 @@ class ReferenceContiguousAllocator:
         return len(self.regions), sum(r.kv for r in self.regions.values())
 
     def memory(self) -> Memory:
-        tokens = reserved = internal = 0
+        tokens = reserved = internal = rounding = 0
         for r in self.regions.values():
             target = max(r.kv, min(r.final, r.size))
+            asked = max(r.reserve, target)  # what the sequence asked for, or has grown to
             tokens += r.kv
             reserved += target - r.kv
-            internal += r.size - target
+            internal += asked - target
+            rounding += r.size - asked
         free = self.space.free_slots
-        assert tokens + reserved + internal + free == self.capacity
-        return Memory(self.capacity, tokens, reserved, internal, free, self.capacity - free)
+        assert tokens + reserved + internal + rounding + free == self.capacity
+        return Memory(self.capacity, tokens, reserved, internal, free, self.capacity - free, rounding)
 
     def check(self) -> None:
         """Raise AssertionError unless regions and holes tile the space exactly."""

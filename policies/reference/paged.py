@@ -73,6 +73,7 @@ class Memory:
     internal_frag: int
     free: int
     unshared: int
+    allocator_frag: int = 0  # slots held beyond what a sequence asked for (buddy rounding)
 
 
 def table_memory(

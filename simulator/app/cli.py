@@ -48,6 +48,7 @@ HEADLINE = (
     ("mem_token_states_perc", "  token states (%)", "{:.1f}"),
     ("mem_reserved_perc", "  reserved (%)", "{:.1f}"),
     ("mem_internal_frag_perc", "  internal fragmentation (%)", "{:.1f}"),
+    ("mem_allocator_frag_perc", "  allocator rounding (%)", "{:.1f}"),
     ("mem_external_frag_perc", "  external fragmentation (%)", "{:.1f}"),
     ("mem_stranded_free_perc", "  free while a request waits (%)", "{:.1f}"),
     ("mem_idle_free_perc", "  free, nothing waiting (%)", "{:.1f}"),

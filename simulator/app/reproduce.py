@@ -449,15 +449,16 @@ FIG2_PAPER = {
     "vLLM": {"token states": 96.3},
 }
 # kvsim's memory classes behind each of the paper's components (DESIGN.md, "Memory
-# accounting"): every free slot is the paper's "external frag. & others" (its four components
-# sum to 100%), whether a hole too small for the waiting request, free space too small in
-# total, or (outside the saturated window only) nothing waiting.
+# accounting"): the paper's "external frag. & others" (its four components sum to 100%) is
+# the buddy allocator's rounding (waste "from the memory allocator like the buddy allocator",
+# section 3) and every free slot, whether a hole too small for the waiting request, free space
+# too small in total, or (outside the saturated window only) nothing waiting.
 FIG2_CLASSES = {
     "token states": ("mem_token_states_perc",),
     "reservation": ("mem_reserved_perc",),
     "internal fragmentation": ("mem_internal_frag_perc",),
-    "external fragmentation & others": ("mem_external_frag_perc", "mem_stranded_free_perc",
-                                        "mem_idle_free_perc"),
+    "external fragmentation & others": ("mem_allocator_frag_perc", "mem_external_frag_perc",
+                                        "mem_stranded_free_perc", "mem_idle_free_perc"),
 }
 
 
@@ -474,7 +475,7 @@ def section_fig2(r: SweepResult, figs: Path) -> Section:
     rows = {s: t.loc[s].to_dict() for s in t.index}
     fig = figs / "fig2_memory_breakdown.png"
     plot_memory_breakdown(rows, fig, title="KV cache usage (OPT-13B, ShareGPT, 3 req/s)")
-    cols = ["mem_token_states_perc", "mem_reserved_perc", "mem_internal_frag_perc",
+    cols = ["mem_token_states_perc", "mem_reserved_perc", "mem_internal_frag_perc", "mem_allocator_frag_perc",
             "mem_external_frag_perc", "mem_stranded_free_perc", "mem_idle_free_perc"]
     df = t[cols].rename(columns=lambda c: c.removeprefix("mem_").removesuffix("_perc") + " %")
     df = df.reset_index()
@@ -498,12 +499,12 @@ def section_fig2(r: SweepResult, figs: Path) -> Section:
     text = (
         "The paper reports that only 20.4% - 38.2% of the KV cache holds token states in the Orca "
         "variants, and 96.3% in vLLM, and prints every segment of the Orca bars (Fig. 2). "
-        "Each printed segment is judged; the paper's \"external frag. & others\" is every free "
-        "slot (kvsim's external_frag + stranded_free + idle_free).\n\n"
+        "Each printed segment is judged. The paper's \"external frag. & others\" is the buddy "
+        "allocator's rounding of a region up to a power of two (waste \"from the memory allocator "
+        "like the buddy allocator\", its section 3: kvsim's allocator_frag) and every free slot "
+        "(external_frag + stranded_free + idle_free); its internal fragmentation is what a "
+        "reservation asks for beyond the final length (internal_frag).\n\n"
         + _md_table(pd.DataFrame(beside)) + "\n\nkvsim's classes:\n\n" + _md_table(df) + "\n\n"
-        "Orca-Pow2's waste splits between internal and external fragmentation according to how "
-        "the buddy allocator places its regions, which depends on the exact arrival sequence and "
-        "the paper's (unpublished) implementation.\n\n"
         "![memory breakdown](figures/fig2_memory_breakdown.png)\n")
     return Section(text, verdicts, [fig])
 

@@ -61,7 +61,7 @@ from kvsim.simulator.config import (
 from kvsim.simulator.cost_model.catalogue import GPUS, MODELS
 from kvsim.simulator.cost_model.import_files import DEFAULT_OUT_DIR
 from kvsim.simulator.cost_model.profile_names import gpu_key, model_key, profile_name
-from kvsim.simulator.engine.memory_classes import CLASSES
+from kvsim.simulator.engine.memory_classes import FREE_CLASSES
 
 UNQUEUED_S = 0.05
 """A request scheduled within this many seconds of being queued did not wait in the queue."""
@@ -76,7 +76,6 @@ PERCENTILES = (50, 90, 99)
 LATENCIES = (("ttft", "TTFT", "s", 1.0), ("tpot", "TPOT", "ms", 1e3), ("e2e", "E2E", "s", 1.0))
 """(key, label, unit, factor from seconds) of each latency the report compares."""
 
-FREE_CLASSES = CLASSES[3:]  # external_frag, stranded_free, idle_free: slots in no block held
 
 
 def policy_available(policy: str) -> bool:

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
-from kvsim.policies.kv_allocator import RunWeights
+from kvsim.policies.kv_allocator import MemoryUsage, RunWeights
 from kvsim.simulator.cost_model.base import CostModel
 from kvsim.simulator.engine.memory_classes import split_free
 from kvsim.simulator.engine.step_log import StepLog, step_row
@@ -132,14 +132,14 @@ def plan_weights(cost: CostModel, n: int, c0: int, extra: int, first_end: float,
     return run if k >= extra else RunWeights(k, run.first, run.slope)
 
 
-def row_state(replica: ReplicaView, token_states: float, reserved: float, internal_frag: float, free: float,
-              unshared: float) -> tuple:
+def row_state(replica: ReplicaView, token_states: float, reserved: float, internal_frag: float,
+              allocator_frag: float, free: float, unshared: float) -> tuple:
     """A row's queue lengths and memory classes (slots), in ``STEP_COLUMNS`` order from
     ``waiting`` on: free slots are split by why they are free (``split_free``), which only
     the scheduler's queues can tell."""
     scheduler = replica.scheduler
     waiting = scheduler.waiting
-    return (len(waiting), len(scheduler.swapped), token_states, reserved, internal_frag,
+    return (len(waiting), len(scheduler.swapped), token_states, reserved, internal_frag, allocator_frag,
             *split_free(free, bool(waiting), scheduler.blocked), unshared)
 
 
@@ -194,8 +194,13 @@ class FastPath:
         u = self._usage()
         duration = max(compute_s, swap_s) if swap_s and self.overlap_swap else compute_s + swap_s
         self._record(step, start, duration, 1, step.shape.decode_seqs, step.num_groups, u.token_states,
-                     u.reserved, u.internal_frag, u.free, u.unshared or (u.capacity - u.free), swap_s)
+                     u.reserved, u.internal_frag, u.allocator_frag, u.free, u.unshared or (u.capacity - u.free),
+                     swap_s)
         return _new(RunEnd, (start + (compute_s + swap_s), step, None))  # as SimPy adds a timeout's delay
+
+    def memory(self) -> MemoryUsage:
+        """The replica's memory by class now (slots): what a router reads of it."""
+        return self._usage()
 
     def plan(self, step: Step, start: float, compute_s: float, swap_s: float) -> Run:
         """What ``run`` would plan for ``step``, without applying anything (to look at it:
@@ -237,6 +242,7 @@ class FastPath:
         # Duration-weighted sums: seconds, group-seconds and slot-seconds by class.
         seconds, group_s = d0, groups * d0
         token_s, reserved_s, internal_s, free_s = u.token_states * d0, u.reserved * d0, u.internal_frag * d0, u.free * d0
+        rounding_s = u.allocator_frag * d0
         unshared_s = (u.unshared or (u.capacity - u.free)) * d0
         iterations, tokens = 1, step.shape.decode_seqs
         t, n = start + d0, step.shape.decode_seqs  # n: sequences decoding in the run
@@ -245,6 +251,7 @@ class FastPath:
             token_s += i.token_states
             reserved_s += i.reserved
             internal_s += i.internal_frag
+            rounding_s += i.allocator_frag
             free_s += i.free
             unshared_s += i.unshared
             seconds += run.total
@@ -264,17 +271,18 @@ class FastPath:
                 break
             u, groups = self._usage(), len(sched.running)
         self._record(step, start, seconds, iterations, tokens, group_s / seconds, token_s / seconds,
-                     reserved_s / seconds, internal_s / seconds, free_s / seconds, unshared_s / seconds)
+                     reserved_s / seconds, internal_s / seconds, rounding_s / seconds, free_s / seconds,
+                     unshared_s / seconds)
         return _new(RunEnd, (t, due, run))
 
     # --- rows ---------------------------------------------------------------------------
     def _record(self, step: Step, start: float, duration: float, iterations: int, decode_tokens: int,
-                groups: float, token_states: float, reserved: float, internal_frag: float, free: float,
-                unshared: float, swap_s: float = 0.0) -> None:
+                groups: float, token_states: float, reserved: float, internal_frag: float,
+                allocator_frag: float, free: float, unshared: float, swap_s: float = 0.0) -> None:
         """One row: ``step``'s counters, the queues now, and memory (slots) split by class."""
         self._append(step_row((
             self.index, start, duration, iterations, step.shape.prefill_tokens, step.recompute_tokens,
             step.cached_tokens, decode_tokens, groups, step.preempted_swap, step.preempted_recompute,
             step.aborted, step.swap_out_blocks, step.swap_in_blocks, step.swap_out_slots, step.swap_in_slots,
             swap_s, step.cow_copies,
-        ) + self.state(self.replica, token_states, reserved, internal_frag, free, unshared)))
+        ) + self.state(self.replica, token_states, reserved, internal_frag, allocator_frag, free, unshared)))

@@ -1,4 +1,4 @@
-"""The six memory classes of DESIGN.md ("Memory accounting"), one instant at a time.
+"""The seven memory classes of DESIGN.md ("Memory accounting"), one instant at a time.
 
 The allocator knows which allocated slots hold tokens, are reserved, or are
 wasted inside allocations; only the scheduler knows why free slots are free.
@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from kvsim.policies.kv_allocator import Admission
 
-CLASSES = ("token_states", "reserved", "internal_frag", "external_frag", "stranded_free", "idle_free")
+CLASSES = ("token_states", "reserved", "internal_frag", "allocator_frag", "external_frag", "stranded_free",
+           "idle_free")
+FREE_CLASSES = ("external_frag", "stranded_free", "idle_free")  # slots in no block or region held
 
 
 def split_free(free: float, waiting: bool, blocked: object) -> tuple[float, float, float]:

@@ -165,7 +165,8 @@ def summarize(
     else:
         out["mean_batched_requests"] = 0.0
         shares = {c: 0.0 for c in CLASSES}
-    out["kv_cache_usage_perc"] = shares["token_states"] + shares["reserved"] + shares["internal_frag"]
+    out["kv_cache_usage_perc"] = (shares["token_states"] + shares["reserved"] + shares["internal_frag"]
+                                  + shares["allocator_frag"])
     for c in CLASSES:
         out[f"mem_{c}_perc"] = shares[c]
     # Preemption: by mode, traffic, and the time it cost.

@@ -82,7 +82,7 @@ class Replica:
 def kv_usage(replica: Replica) -> float:
     """The share of the replica's KV cache allocated now (a prefix cache's unreferenced
     blocks count as free, as in vLLM's ``kv_cache_usage``)."""
-    u = replica.scheduler.alloc.usage()
+    u = replica.fast.memory()
     return (u.capacity - u.free) / u.capacity
 
 

@@ -71,9 +71,10 @@ class StepRow(NamedTuple):
     cow_copies: int  # blocks copied inside GPU memory
     waiting: int  # queue lengths as the step starts
     swapped: int
-    token_states: float  # the six memory classes (``memory_classes.CLASSES``), slots
+    token_states: float  # the seven memory classes (``memory_classes.CLASSES``), slots
     reserved: float
     internal_frag: float
+    allocator_frag: float
     external_frag: float
     stranded_free: float
     idle_free: float
@@ -99,7 +100,7 @@ Window = str | tuple[float | None, float | None]
 _COL = {c: i for i, c in enumerate(STEP_COLUMNS)}
 _COUNTERS = [_COL[c] for c in COUNTERS]
 _MEASURED = [_COL[c] for c in MEASURED]
-_ALLOCATED = [_COL[c] for c in ("token_states", "reserved", "internal_frag")]
+_ALLOCATED = [_COL[c] for c in ("token_states", "reserved", "internal_frag", "allocator_frag")]
 _REPLICA, _DURATION, _START, _PREFILL, _RECOMPUTE, _SWAP_S, _WAITING, _UNSHARED = (
     _COL[c] for c in ("replica", "duration_s", "start_s", "prefill_tokens", "recompute_tokens", "swap_s", "waiting",
                       "unshared_slots"))
@@ -132,7 +133,7 @@ class StepTotals:
         share = np.divide(steps["recompute_tokens"].to_numpy(float), prefill, out=np.zeros(len(steps)),
                           where=prefill > 0)
         t.recompute_time_s = float((share * (w - steps["swap_s"].to_numpy(float))).sum())
-        allocated = steps["token_states"] + steps["reserved"] + steps["internal_frag"]
+        allocated = steps["token_states"] + steps["reserved"] + steps["internal_frag"] + steps["allocator_frag"]
         t.allocated_slot_s = float((allocated * w).sum())
         t.unshared_slot_s = float((steps["unshared_slots"] * w).sum())
         m = measurement_steps(steps, window)

@@ -119,7 +119,7 @@ def totals(steps: pd.DataFrame, window) -> Totals:
                 row.recompute_tokens / row.prefill_tokens * (row.duration_s - row.swap_s)
             )
     t.allocated_slot_s = float(
-        ((steps["token_states"] + steps["reserved"] + steps["internal_frag"]) * w).sum()
+        ((steps["token_states"] + steps["reserved"] + steps["internal_frag"] + steps["allocator_frag"]) * w).sum()
     )
     t.unshared_slot_s = float((steps["unshared_slots"] * w).sum())
     keep = in_window(steps, window)
@@ -354,6 +354,7 @@ class ReferenceSimulation:
                 m.token_states,
                 m.reserved,
                 m.internal_frag,
+                m.allocator_frag,
                 external,
                 stranded,
                 idle,

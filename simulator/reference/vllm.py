@@ -80,6 +80,7 @@ CLASSES = (
     "token_states",
     "reserved",
     "internal_frag",
+    "allocator_frag",
     "external_frag",
     "stranded_free",
     "idle_free",

@@ -163,15 +163,30 @@ def test_first_fit_and_best_fit_place_differently():
 
 def test_classes_of_one_orca_pow2_sequence():
     # prompt 100, 201 output tokens: 300 tokens at the end; pow2 reserves 100 + 256, and the
-    # buddy allocator places that in a region of 512
+    # buddy allocator places that in a region of 512: 356 - 300 = 56 slots of over-reservation
+    # (internal), 512 - 356 = 156 of the buddy's rounding (allocator)
     alloc = ContiguousAllocator.from_preset("orca-pow2", OPT13B_SLOTS, 2048)
     alloc.admit([0], 100, 300)
     u = alloc.usage()
-    assert (u.token_states, u.reserved, u.internal_frag, u.free) == (100, 200, 212, 15_216)
+    assert (u.token_states, u.reserved, u.internal_frag, u.allocator_frag, u.free) == (100, 200, 56, 156, 15_216)
     for _ in range(5):
         assert alloc.try_append([0])
     u = alloc.usage()
-    assert (u.token_states, u.reserved, u.internal_frag) == (105, 195, 212)
+    assert (u.token_states, u.reserved, u.internal_frag, u.allocator_frag) == (105, 195, 56, 156)
+
+
+def test_a_sequence_outgrowing_its_reservation_turns_rounding_into_tokens():
+    """Past its final length and its reservation (into the buddy's rounding), each token
+    takes a slot from ``allocator_frag``; the classes still sum to capacity."""
+    alloc = ContiguousAllocator.from_preset("orca-pow2", OPT13B_SLOTS, 2048)
+    alloc.admit([0], 100, 101)  # 2 output tokens: reserves 100 + 2, region 128
+    u = alloc.usage()
+    assert (u.reserved, u.internal_frag, u.allocator_frag) == (1, 1, 26)
+    for _ in range(4):  # 104 tokens: past final (101) and reservation (102)
+        assert alloc.try_append([0])
+    u = alloc.usage()
+    assert (u.token_states, u.reserved, u.internal_frag, u.allocator_frag) == (104, 0, 0, 24)
+    alloc.check()
 
 
 def test_oracle_on_plain_buddy_rounds_but_buddy_exact_does_not():
@@ -179,8 +194,8 @@ def test_oracle_on_plain_buddy_rounds_but_buddy_exact_does_not():
     exact = ContiguousAllocator(OPT13B_SLOTS, "buddy_exact", "oracle", 2048)
     for alloc in (rounded, exact):
         alloc.admit([0], 100, 300)
-    assert rounded.region(0)[1] == 512 and rounded.usage().internal_frag == 212
-    assert exact.region(0)[1] == 300 and exact.usage().internal_frag == 0
+    assert rounded.region(0)[1] == 512 and (rounded.usage().internal_frag, rounded.usage().allocator_frag) == (0, 212)
+    assert exact.region(0)[1] == 300 and (exact.usage().internal_frag, exact.usage().allocator_frag) == (0, 0)
 
 
 def test_a_full_region_cannot_grow_and_appends_are_all_or_nothing():
@@ -195,11 +210,11 @@ def test_a_full_region_cannot_grow_and_appends_are_all_or_nothing():
 
 def test_a_sequence_running_past_its_final_len_counts_tokens_not_frag():
     alloc = ContiguousAllocator(64, "buddy", "oracle", 64)
-    alloc.admit([0], 3, 5)  # region of 8
+    alloc.admit([0], 3, 5)  # asks for 5, a region of 8
     for _ in range(3):
         assert alloc.try_append([0])  # kv 6 > final 5
     u = alloc.usage()
-    assert (u.token_states, u.reserved, u.internal_frag) == (6, 0, 2)
+    assert (u.token_states, u.reserved, u.internal_frag, u.allocator_frag) == (6, 0, 0, 2)
     alloc.check()
 
 
@@ -376,7 +391,7 @@ def test_random_use_keeps_every_invariant(
         # --- invariants, recomputed from the model --------------------------------------------
         alloc.check()
         spans = []
-        token_states = reserved = internal = 0
+        token_states = reserved = internal = rounding = 0
         for s, (kv, final, reserve) in running.items():
             offset, size = alloc.region(s)
             assert size == expected_region(placement, reserve)
@@ -385,9 +400,11 @@ def test_random_use_keeps_every_invariant(
             assert alloc.kv_len(s) == kv
             spans.append((offset, size))
             target = max(kv, min(final, size))
+            asked = max(reserve, target)  # what it asked for, or has grown to
             token_states += kv
             reserved += target - kv
-            internal += size - target
+            internal += asked - target
+            rounding += size - asked
         spans.sort()
         for (a, sa), (b, _) in zip(spans, spans[1:]):
             assert a + sa <= b, "regions overlap"
@@ -397,15 +414,18 @@ def test_random_use_keeps_every_invariant(
         assert alloc.swap_used_slots == sum(v[0] for v in swapped.values())
         u = alloc.usage()
         free = capacity - used()
-        assert (u.token_states, u.reserved, u.internal_frag, u.free) == (
+        assert (u.token_states, u.reserved, u.internal_frag, u.allocator_frag, u.free) == (
             token_states,
             reserved,
             internal,
+            rounding,
             free,
         )
         assert alloc.free_slots() == free
-        assert min(u.token_states, u.reserved, u.internal_frag, u.free) >= 0
-        assert u.token_states + u.reserved + u.internal_frag + u.free == capacity
+        assert min(u.token_states, u.reserved, u.internal_frag, u.allocator_frag, u.free) >= 0
+        assert u.token_states + u.reserved + u.internal_frag + u.allocator_frag + u.free == capacity
+        if placement != "buddy":  # only a plain buddy rounds
+            assert u.allocator_frag == 0
 
     for seq in data.draw(st.permutations(sorted(running) + sorted(swapped))):
         alloc.free(seq)
@@ -572,7 +592,8 @@ def test_try_append_all_within_targets_never_takes_the_per_sequence_path(monkeyp
     assert alloc.try_append_all()  # sequence 0 outgrows its final_len: the per-sequence path
     u = alloc.usage()
     assert alloc.kv_len(0) == 101 and u.token_states == sum(range(10, 38)) + 28 * 91
-    assert u.reserved == 0 and u.internal_frag == 28 * 256 - u.token_states
+    assert u.reserved == 0 and u.internal_frag + u.allocator_frag == 28 * 256 - u.token_states
+    assert u.internal_frag == 28 * 37  # each reserved prompt + 128 and holds 101 + seq tokens: 37 unused
     alloc.check()
 
 

@@ -195,15 +195,15 @@ def _status(section, what: str) -> str:
 
 
 def _fig2_table(pow2_external: float, oracle_internal: float) -> pd.DataFrame:
-    # Orca-Pow2's "external frag. & others" split over kvsim's three free classes.
-    rows = {
-        "Orca-Max": (20.4, 13.3, 57.3, 8.9, 0.0, 0.0),
-        "Orca-Pow2": (26.8, 17.9, 13.6, pow2_external - 30.0, 30.0, 0.0),
-        "Orca-Oracle": (38.2, 25.2 - oracle_internal / 2, oracle_internal,
+    # Orca-Pow2's "external frag. & others" split over the buddy's rounding and the free classes.
+    rows = {  # token states, reserved, internal, allocator rounding, external, stranded, idle
+        "Orca-Max": (20.4, 13.3, 57.3, 0.0, 8.9, 0.0, 0.0),
+        "Orca-Pow2": (26.8, 17.9, 13.6, 30.0, pow2_external - 30.0, 0.0, 0.0),
+        "Orca-Oracle": (38.2, 25.2 - oracle_internal / 2, oracle_internal, 0.0,
                         36.6 - oracle_internal / 2, 0.0, 0.0),
-        "vLLM": (96.3, 0.5, 3.0, 0.0, 0.2, 0.0),
+        "vLLM": (96.3, 0.5, 3.0, 0.0, 0.0, 0.2, 0.0),
     }
-    cols = ["mem_token_states_perc", "mem_reserved_perc", "mem_internal_frag_perc",
+    cols = ["mem_token_states_perc", "mem_reserved_perc", "mem_internal_frag_perc", "mem_allocator_frag_perc",
             "mem_external_frag_perc", "mem_stranded_free_perc", "mem_idle_free_perc"]
     return pd.DataFrame([{"status": "ok", "system": s, **dict(zip(cols, v))} for s, v in rows.items()])
 

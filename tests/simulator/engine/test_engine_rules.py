@@ -55,7 +55,8 @@ def test_round_robin_goes_around_the_replicas_in_order():
 def test_an_unknown_router_policy_is_refused_with_the_allowed_ones():
     with pytest.raises(ValueError) as err:
         Router([], "random")
-    assert str(err.value) == "router policy must be round_robin or least_outstanding_tokens, got 'random'"
+    assert str(err.value) == ("router policy must be one of round_robin, least_outstanding_tokens, "
+                              "least_outstanding_requests, least_kv_usage; got 'random'")
 
 
 def sim(cost, requests, replicas=2, router="least_outstanding_tokens", make_alloc=None):

@@ -1,4 +1,4 @@
-"""The six memory classes of DESIGN.md ("Memory accounting"), worked out by hand.
+"""The seven memory classes of DESIGN.md ("Memory accounting"), worked out by hand.
 
 Each step's row holds the classes at the step (after its appends), weighted by the
 step's duration; with the fake cost model every step lasts 1 s, so a class's
@@ -42,7 +42,7 @@ def test_external_fragmentation_is_positive_when_no_hole_fits(tiny, contiguous, 
     r, steps = out.requests, out.steps
     assert list(r["finish_s"]) == [1.0, 6.0, 7.0]
     assert r.loc[2, "scheduled_s"] == 6.0
-    expected = {"token_states": 41, "reserved": 15, "internal_frag": 0, "external_frag": 30,
+    expected = {"token_states": 41, "reserved": 15, "internal_frag": 0, "allocator_frag": 0, "external_frag": 30,
                 "stranded_free": 3, "idle_free": 9}
     for c in CLASSES:
         assert slot_seconds(steps, c) == pytest.approx(expected[c], abs=1e-9), c
@@ -85,22 +85,25 @@ def test_paged_internal_fragmentation_is_the_unused_tail_of_the_last_block(tiny,
     #   token_states = 3+4+5 = 12, reserved 1, internal_frag 3, idle = 12+12+8 = 32 (sum 48 = 16 x 3)
     out = tiny([Request(0, 0.0, 3, 3)], paged(4, 4))
     steps = out.steps
-    expected = {"token_states": 12, "reserved": 1, "internal_frag": 3, "external_frag": 0,
+    expected = {"token_states": 12, "reserved": 1, "internal_frag": 3, "allocator_frag": 0, "external_frag": 0,
                 "stranded_free": 0, "idle_free": 32}
     for c in CLASSES:
         assert slot_seconds(steps, c) == pytest.approx(expected[c], abs=1e-9), c
     assert out.requests.loc[0, "finish_s"] == 3.0
 
 
-def test_pow2_reservation_wastes_the_rounding_as_internal_fragmentation(tiny, contiguous):
-    # Same request on a buddy allocator with pow2 reservation: final length 5, and the
-    # region is a power of two holding it (the buddy rounds the reservation up): 8 slots.
-    #   internal_frag = 8 - 5 = 3 at each of 3 steps = 9
+def test_pow2_over_reserves_and_the_buddy_rounds_the_reservation_up(tiny, contiguous):
+    # Same request on a buddy allocator with pow2 reservation: final length 5; pow2 asks for
+    # the prompt + its 3 output tokens rounded up to 4 = 7 slots, and the buddy places that in
+    # a power of two: 8 slots.
+    #   internal_frag = 7 - 5 = 2 at each of 3 steps = 6 (the reservation policy's waste)
+    #   allocator_frag = 8 - 7 = 1 at each of 3 steps = 3 (the buddy's rounding)
     #   reserved = (5-3) + (5-4) + (5-5) = 3; token_states = 3+4+5 = 12; idle = 8 x 3 = 24
     out = tiny([Request(0, 0.0, 3, 3)], contiguous(16, "buddy", "pow2"))
     steps = out.steps
-    expected = {"token_states": 12, "reserved": 3, "internal_frag": 9, "external_frag": 0,
+    expected = {"token_states": 12, "reserved": 3, "internal_frag": 6, "allocator_frag": 3, "external_frag": 0,
                 "stranded_free": 0, "idle_free": 24}
     for c in CLASSES:
         assert slot_seconds(steps, c) == pytest.approx(expected[c], abs=1e-9), c
-    assert out.summary["kv_cache_usage_perc"] == pytest.approx((12 + 3 + 9) / 48 * 100)
+    assert out.summary["kv_cache_usage_perc"] == pytest.approx((12 + 3 + 6 + 3) / 48 * 100)
+    assert out.summary["mem_allocator_frag_perc"] == pytest.approx(3 / 48 * 100)

@@ -62,12 +62,12 @@ STEPS = pd.DataFrame([
     step(start_s=0.0, duration_s=0.5, iterations=1, prefill_tokens=10, recompute_tokens=4,
          cached_tokens=3, batched_requests=2, preempted_swap=1, preempted_recompute=2,
          swap_out_blocks=5, swap_out_slots=7, swap_s=0.125, waiting=1, unshared_slots=80,
-         **classes(40, 20, 10, 5, 0, 25)),
+         **classes(40, 20, 10, 0, 5, 0, 25)),
     step(start_s=0.5, duration_s=0.25, iterations=3, decode_tokens=6, batched_requests=2,
          aborted=1, swap_in_blocks=2, swap_in_slots=9, swap_s=0.0625, cow_copies=4, swapped=1,
-         unshared_slots=70, **classes(50, 10, 10, 0, 0, 30)),
+         unshared_slots=70, **classes(50, 10, 10, 0, 0, 0, 30)),
     step(start_s=2.0, duration_s=1.0, iterations=1, decode_tokens=1, batched_requests=1,
-         unshared_slots=10, **classes(10, 0, 0, 0, 0, 90)),
+         unshared_slots=10, **classes(10, 0, 0, 0, 0, 0, 90)),
 ])
 
 
@@ -162,7 +162,7 @@ def test_memory_shares_are_averaged_over_the_window():
     s = summary()
     assert s["measured_time_s"] == 0.75
     assert s["mean_batched_requests"] == pytest.approx(2.0)
-    want = {"token_states": 32.5, "reserved": 12.5, "internal_frag": 7.5, "external_frag": 2.5,
+    want = {"token_states": 32.5, "reserved": 12.5, "internal_frag": 7.5, "allocator_frag": 0.0, "external_frag": 2.5,
             "stranded_free": 0.0, "idle_free": 20.0}  # slot-seconds in the window
     for c in CLASSES:
         assert s[f"mem_{c}_perc"] == pytest.approx(want[c] / 0.75 / 100 * 100), c
