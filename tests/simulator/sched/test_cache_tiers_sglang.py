@@ -15,6 +15,7 @@ from kvsim.policies.indexes.radix_cache import PageChain, RadixCacheAllocator, r
 from kvsim.policies.tiers.tier_stack import TierStack
 from kvsim.simulator.config import load_config
 from kvsim.simulator.engine.runner import run_experiment
+from kvsim.simulator.sched.sequence import Status
 from kvsim.simulator.sched.sglang import SchedulerSGLang, SGLangSettings
 from kvsim.traces import Request
 
@@ -143,6 +144,86 @@ def test_a_load_that_finds_no_room_stops_admission():
     g = {g.request.request_id: g for g in ended}[2]
     assert (g.loaded_tokens, g.load_wait, g.first_scheduled, g.cached_tokens) == (12, 7.0, 17.0, 12)
 
+
+
+def test_a_load_after_a_partial_radix_hit_counts_that_hit():
+    """Pages of 4 tokens, 40 slots, after-hits N = 1. A (24 tokens, 6 pages) + 1 own token
+    computes at 0; request 1 (A + 1) hits A's 6 pages at 3: their first hit, so all 6 go to
+    the tier in that scheduling's batch (1 + 6 s: ready at 10); request 2 (A's first 2 pages,
+    then its own) hits 2 pages at 5, splitting A's node; request 3 (16 tokens of its own) at
+    7 needs the room A's tail (4 pages, used longest ago) held. Request 4 (A + 1) at 10: a
+    radix hit of 8 tokens and A's other 4 pages from the tier (10 to 15: 1 + 4 s); its load
+    counts that hit (8 more radix hit tokens: 24 + 8 + 8 = 40), and it is admitted at 15
+    with all 24 tokens cached."""
+    tiers = stack((100, "write-through-after-hits", 1, "lru"))
+    s, ended = sglang(40, tiers)
+
+    def req(rid, t, tokens):
+        return Request(rid, t, len(tokens), 1, token_ids=tuple(tokens))
+
+    a = list(range(24))
+    run_steps(s, [req(0, 0.0, a + [100]), req(1, 3.0, a + [101]), req(2, 5.0, a[:8] + list(range(200, 216))),
+                  req(3, 7.0, list(range(300, 316))), req(4, 10.0, a + [102])])
+    g = {g.request.request_id: g for g in ended}[4]
+    assert (g.loaded_tokens, g.load_wait, g.first_scheduled, g.cached_tokens) == (16, 5.0, 15.0, 24)
+    assert s.alloc.prefix_hits == 40
+    t0 = tiers.stats()["t0"]
+    assert (t0["stored_blocks"], t0["hit_blocks"], t0["link_busy_s"]) == (6, 4, 7.0 + 5.0)
+
+
+def load_beside_a_decoder(until: int, *extra: Request) -> SchedulerSGLang:
+    """Pages of 1 token (a page takes 0.1 s on the link, after 1 s per transfer), 60 slots,
+    conservativeness 0.01 (the reservation is negligible). X (8 tokens) + 1 computes at 0
+    and is written through (ready at 2.9); R (prompt 10, output 47) prefills at 1; a
+    45-token request at 2 evicts X from the tree; R decodes from 3 on. L (X + 1) arrives at
+    44, when R holds 51 slots and 9 are available: it finds X's 8 pages in the tier, 8 < 9
+    less a reservation under 1, so it loads them (44 to 45.8) into 8 fresh slots. The
+    scheduler after the steps 0 .. ``until - 1`` (``extra`` requests arrive too)."""
+    tiers = tier_stack((100, "write-through", 0, "lru"), block_tokens=1, block_bytes=100.0)
+    s = SchedulerSGLang(RadixCacheAllocator(60, 1), SGLangSettings(max_seq_len=1024, watermark=0,
+                        max_num_batched_tokens=256, schedule_conservativeness=0.01), lambda g: None, tiers)
+    x8 = list(range(8))
+    pending = [Request(0, 0.0, 9, 1, token_ids=tuple(x8 + [100])),
+               Request(1, 1.0, 10, 47, token_ids=tuple(range(200, 210))),
+               Request(3, 2.0, 45, 1, token_ids=tuple(range(400, 445))),
+               Request(2, 44.0, 9, 2, token_ids=tuple(x8 + [101])), *extra]
+    for t in range(until):
+        s.finish_loads(float(t))
+        for r in [r for r in pending if r.arrival_time == t]:
+            s.add(r, float(t))
+        x = s.schedule(float(t))
+        if not x.empty:
+            s.complete(x, float(t + 1))
+        assert x.preempted_recompute == 0
+    assert [(load[0], load[2].request.request_id) for load in s.loading] == [(44 + 1 + 0.8, 2)]
+    s.finish_loads(float(until))
+    return s
+
+
+def test_the_last_running_request_is_retracted_when_a_load_holds_its_next_slot():
+    """``load_beside_a_decoder``: at 44 R's token takes the last slot the load left. At 45
+    R's next token has no slot and only the load holds memory: R is retracted (not kept to
+    fail), its own KV freed, and waits; with no request left the ratio is 0."""
+    s = load_beside_a_decoder(45)
+    assert s.alloc.available() == 0 and [g.request.request_id for g in s.running] == [1]
+    x = s.schedule(45.0)
+    assert (x.preempted_recompute, x.decode, s.running) == (1, [], [])
+    assert [(g.request.request_id, g.status) for g in s.waiting] == [(1, Status.WAITING)]
+    assert s.alloc.available() == 52 and s.new_token_ratio == 0.0
+
+
+def test_the_last_running_request_stays_when_its_next_slot_is_there():
+    """``load_beside_a_decoder`` with Y (R's first 6 tokens, output 3) arriving at 43: it
+    hits 5 tokens and computes the 6th, a copy of R's (prefill only: R waits). At 44 L
+    loads, R and Y decode into the last 2 slots. At 45 both need one: Y (fewest generated)
+    is retracted, freeing its 1 own token; R alone needs 1 slot and 1 is available: it
+    stays, though the load is still running, and decodes into it."""
+    s = load_beside_a_decoder(45, Request(4, 43.0, 6, 3, token_ids=tuple(range(200, 206))))
+    assert s.alloc.available() == 0 and [g.request.request_id for g in s.running] == [1, 4]
+    x = s.schedule(45.0)
+    assert x.preempted_recompute == 1 and [g.request.request_id for g in x.decode] == [1]
+    assert [(g.request.request_id, g.status) for g in s.waiting] == [(4, Status.WAITING)]
+    assert s.alloc.available() == 0 and s.loading
 
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
 @given(write=st.sampled_from(["write-through", "write-through-after-hits", "write-back"]),
