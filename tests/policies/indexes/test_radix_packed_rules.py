@@ -15,6 +15,7 @@ import pytest
 
 from kvsim.policies.indexes.radix_cache import (
     _INT64_MAX,
+    RadixCacheAllocator,
     _range4,
     _times4,
     packed_tokens,
@@ -94,3 +95,74 @@ def test_request_ids_up_to_2_21_pack():
     assert same(Request(2**21 - 1, 0.0, 4, 3), 3)
     assert packed_tokens(Request(2**21 - 1, 0.0, 4, 3), 3)[0] == ((2**21 - 1) << 42) + 3
     assert packed_tokens(Request(2**21, 0.0, 4, 3), 3) is None
+
+
+def test_a_last_hash_block_of_one_token_still_names_it():
+    """A 513-token prompt over blocks of 512: its second block covers 1 token, which is that
+    block's (hash 6, token 0: (6 x 512) x 4 + 1), not the request's own."""
+    r = Request(3, 0.0, 513, 1, hash_ids=(5, 6), hash_block_tokens=512)
+    assert same(r, 1) and packed_tokens(r, 1)[512] == 6 * 512 * 4 + 1
+
+
+def test_a_prefix_length_without_a_prefix_name_names_nothing():
+    """``prefix_tokens`` alone (no ``prefix_id``) shares nothing: the prompt is the request's
+    own tokens, which pack."""
+    assert same(Request(1, 0.0, 4, 1, prefix_tokens=2), 1)
+
+
+def _compute(alloc: RadixCacheAllocator, rid: int, tokens, n: int) -> int:
+    """A request computes its ``n`` tokens and finishes (they stay cached); returns its hit."""
+    hit = alloc.open(rid, tokens, n, n)
+    assert alloc.extend(rid, n - hit)
+    alloc.cache_unfinished(rid)
+    alloc.finish(rid)
+    return hit
+
+
+def test_unpacking_turns_every_key_and_held_sequence_into_a_tuple_with_the_same_hits():
+    """Request 0's 6 tokens are cached packed; request 1 (packed) is running when the first
+    request that cannot pack arrives (the scheduler then calls ``unpack``): the tree's keys
+    and the running request's sequence become tuples, and both still match as before: request
+    1 finishes into the tree, and request 0's and 1's tokens, asked as tuples, hit in full."""
+    alloc = RadixCacheAllocator(64, 1)
+    r0, r1 = (Request(i, 0.0, 6, 1, token_ids=tuple(range(10 * i, 10 * i + 6))) for i in (0, 1))
+    assert _compute(alloc, 0, packed_tokens(r0, 1), 6) == 0
+    assert alloc.open(1, packed_tokens(r1, 1), 6, 6) == 0 and alloc.extend(1, 6)
+    alloc.unpack()
+    assert all(type(n.key) is tuple for n in alloc.tree.nodes()) and type(alloc.held[1].tokens) is tuple
+    alloc.cache_unfinished(1)
+    alloc.finish(1)
+    alloc.check()
+    assert alloc.tree.match(request_tokens(r0, 1), 6)[0] == 6 and alloc.tree.match(request_tokens(r1, 1), 6)[0] == 6
+
+
+def test_arc_remembers_a_node_evicted_packed_by_its_tokens_as_a_tuple():
+    """ARC over 8 slots. Request 0's 6 tokens are cached packed; request 1's 6 evict them
+    (a ghost in B1, remembered as (6, their tagged values)). After ``unpack``, request 0's
+    tokens come back as a tuple: the same ghost, a hit in B1, so ARC's target p grows to 1."""
+    alloc = RadixCacheAllocator(8, 1, "arc")
+    r0, r1 = (Request(i, 0.0, 6, 1, token_ids=tuple(range(10 * i + 1, 10 * i + 7))) for i in (0, 1))
+    _compute(alloc, 0, packed_tokens(r0, 1), 6)
+    _compute(alloc, 1, packed_tokens(r1, 1), 6)
+    arc = alloc.tree._arc
+    assert list(arc.ghosts[1]) == [(6, (4, 8, 12, 16, 20, 24))] and arc.p == 0
+    alloc.unpack()
+    assert _compute(alloc, 2, request_tokens(r0, 1), 6) == 0 and arc.p == 1
+
+
+def test_times4_and_range4_refuse_what_does_not_pack_by_name():
+    """``packed_tokens`` turns each refusal into None (the scheduler keeps tuples); called
+    alone, ``_times4`` and ``_range4`` say why: not a flat row of integers, or a tag past
+    int64."""
+    for ids in ((1.5, 2.0), ((1, 2), (3, 4))):
+        with pytest.raises(TypeError) as e:
+            _times4(ids)
+        assert str(e.value) == "token ids are not integers"
+    for ids in ((LIMIT + 1,), (-LIMIT - 1, 0)):
+        with pytest.raises(OverflowError) as e:
+            _times4(ids)
+        assert str(e.value) == "token id past int64 / 4"
+    for start, stop in ((2**61 - 1, 2**61 + 1), (-1, 2)):  # (``_range4``'s words)
+        with pytest.raises(OverflowError) as e:
+            _range4(start, stop, 3)
+        assert str(e.value) == "token past int64"

@@ -6,10 +6,13 @@ the new-token ratio's constants. Pages of one token unless said otherwise.
 
 from __future__ import annotations
 
+from array import array
+
 import pytest
 
 from kvsim.policies.indexes.radix_cache import RadixCacheAllocator
 from kvsim.policies.ledger.paged_allocator import PagedAllocator
+from kvsim.simulator.sched.scheduler import SchedulerSettings
 from kvsim.simulator.sched.sequence import Status
 from kvsim.simulator.sched.sglang import SchedulerSGLang, SGLangSettings
 from kvsim.traces import Request
@@ -226,3 +229,25 @@ def test_a_recomputed_request_s_last_chunk_reserves_only_the_output_it_has_left(
     assert steps[18][2] == 2
     assert steps[30] == ([2], [8], 0)
     assert steps[31] == ([2, 0], [1, 7], 0)
+
+
+def test_plain_scheduler_settings_get_sglang_s_own_defaults():
+    """Built from the shared ``SchedulerSettings`` (no SGLang knobs), the scheduler uses
+    SGLang's defaults: lpm, chunks of 8192, no mixed chunks, conservativeness 1 (ratio 0.7)."""
+    s = SchedulerSGLang(RadixCacheAllocator(100, 1), SchedulerSettings(watermark=0), lambda g: None)
+    assert s.settings == SGLangSettings()
+    assert (s.settings.schedule_policy, s.settings.chunked_prefill_size, s.init_ratio) == ("lpm", 8192, 0.7)
+
+
+def test_token_sequences_are_held_packed_until_one_cannot_be():
+    """Each waiting request's tokens are one int64 array (8 bytes a token) while every
+    request's can be; a request whose tokens cannot (a named prefix) turns every held
+    sequence and the tree's keys into tuples, with the same values."""
+    s, _ = make()
+    a = s.add(Request(0, 0.0, 4, 2, token_ids=(1, 2, 3, 4)), 0.0)
+    s.complete(s.schedule(0.0), 1.0)
+    assert type(s._tokens[a]) is array and all(type(n.key) is array for n in s.alloc.tree.nodes())
+    b = s.add(Request(1, 1.0, 4, 2, prefix_id="p", prefix_tokens=2), 1.0)
+    assert type(s._tokens[a]) is tuple and type(s._tokens[b]) is tuple
+    assert all(type(n.key) is tuple for n in s.alloc.tree.nodes())
+    assert s._tokens[a] == (4, 8, 12, 16, ((0 << 40) + 4) * 4 + 3, ((0 << 40) + 5) * 4 + 3)
