@@ -213,7 +213,7 @@ class Scheduler(TierLoads):
         # kept (group, releases then, verdict) instead of asking the allocator every step.
         self._releases = 0  # frees, swap-outs and beam re-seedings so far
         self._refused: tuple[SequenceGroup, int, Admission] | None = None
-        self._writes_back = tiers is not None and tiers.stores_gpu_evictions
+        self._writes_back = self.connector is not None and self.connector.stores_gpu_evictions
         if tiers is not None:
             if not (isinstance(allocator, PagedAllocator) and allocator.prefix_caching):
                 raise ValueError("cache tiers need the paged allocator's prefix cache (allocator.prefix_caching: true)")

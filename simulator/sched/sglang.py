@@ -175,7 +175,7 @@ class SchedulerSGLang(OneSequenceScheduler):
         # Cache tiers below the radix cache (module docstring, "Cache tiers"): a load's fact in
         # ``loading`` is the number of pages it loads
         self._page_keys: dict[SequenceGroup, list[int]] = {}  # a request's page names so far
-        if tiers is not None and tiers.stores_gpu_evictions:
+        if self.connector is not None and self.connector.stores_gpu_evictions:
             allocator.listen_evictions(tiers.gpu_evicted)
 
     # --- arrivals --------------------------------------------------------------------

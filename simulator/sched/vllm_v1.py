@@ -96,7 +96,7 @@ class SchedulerV1(OneSequenceScheduler):
         # a load's facts in ``loading``: the keys it loads and the first one's parent
         # Write-back sends each step's GPU evictions as one batch when it is scheduled, so
         # decode steps (which may evict) are not run together in closed form.
-        self._writes_back = tiers is not None and tiers.stores_gpu_evictions
+        self._writes_back = self.connector is not None and self.connector.stores_gpu_evictions
         if tiers is not None and self.cache is None:
             raise ValueError("cache tiers need the v1 prefix cache (allocator.prefix_caching: true)")
         if self._writes_back:
